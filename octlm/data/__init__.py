@@ -1,0 +1,1 @@
+"""Data: documents in, token shards and in-memory blocks out."""

@@ -1,0 +1,44 @@
+"""The first seed's small in-memory data path: documents -> fixed blocks of T + 1 tokens.
+
+Inputs are a block's first T tokens, targets its last T (the same block shifted by one). A
+stream shorter than one block is padded with <|pad|>; PAD targets become IGNORE_INDEX so the
+loss skips them, and carry 0 bytes so bits per byte counts only real text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octlm.model import IGNORE_INDEX
+from octlm.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class TokenBlocks:
+    inputs: torch.Tensor  # (N, T) int64
+    targets: torch.Tensor  # (N, T) int64, IGNORE_INDEX where the target is PAD
+    byte_lengths: torch.Tensor  # (N, T) int64, UTF-8 bytes of each target token (0 for specials)
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+
+def make_blocks(texts: str | list[str], tokenizer: Tokenizer, context_length: int) -> TokenBlocks:
+    if context_length < 1:
+        raise ValueError(f"context_length must be positive, got {context_length}")
+    documents = [texts] if isinstance(texts, str) else texts
+    ids: list[int] = []
+    for ids_doc in tokenizer.encode_batch(documents):
+        ids.extend(ids_doc)
+    width = context_length + 1
+    if len(ids) < width:
+        ids.extend([tokenizer.pad_id] * (width - len(ids)))
+    n_blocks = len(ids) // width  # the tail that does not fill a block is dropped
+    tokens = torch.tensor(ids[: n_blocks * width], dtype=torch.int64).view(n_blocks, width)
+    inputs, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()
+    table = torch.from_numpy(tokenizer.token_bytes_table).to(torch.int64)
+    byte_lengths = table[targets]
+    targets[targets == tokenizer.pad_id] = IGNORE_INDEX
+    return TokenBlocks(inputs, targets, byte_lengths)

@@ -1,0 +1,197 @@
+"""Token shards on disk: a 256-byte header, then the tokens; a JSON manifest ties them together.
+
+Header: magic b"OCTLMTOK", format version (u32), bytes per token (u32), token count (u64),
+zero padding. Readers memmap the tokens, check sizes against header and manifest, and (on
+request) every shard's sha256. The dataset fingerprint is derived from the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from octlm.errors import DataError
+from octlm.hashing import file_sha256, sha256_json
+
+MAGIC = b"OCTLMTOK"
+SHARD_VERSION = 1
+MANIFEST_VERSION = 1
+HEADER_BYTES = 256
+_HEADER = struct.Struct("<8sIIQ")
+MANIFEST_NAME = "manifest.json"
+TOKENIZER_NAME = "tokenizer.json"
+SPLITS = ("train", "val")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (halves disk and memory traffic), else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def write_shard(path: Path, tokens: np.ndarray) -> str:
+    """Write one shard (fsynced) and return its sha256."""
+    header = _HEADER.pack(MAGIC, SHARD_VERSION, tokens.dtype.itemsize, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.ljust(HEADER_BYTES, b"\0"))
+        f.write(np.ascontiguousarray(tokens).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    return file_sha256(path)
+
+
+def read_shard(path: Path) -> np.ndarray:
+    """Memmap one shard's tokens after checking its header against the file size."""
+    if not path.is_file():
+        raise DataError(f"shard missing: {path}", "re-run `octlm prepare` for this folder")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        raise DataError(f"shard {path} is truncated (no header)", "re-run `octlm prepare`")
+    magic, version, itemsize, count = _HEADER.unpack_from(head)
+    if magic != MAGIC:
+        raise DataError(f"{path} is not an octlm token shard", "re-run `octlm prepare`")
+    if version != SHARD_VERSION or itemsize not in (2, 4):
+        raise DataError(
+            f"shard {path} has format version {version} / {itemsize}-byte tokens, "
+            f"this octlm reads version {SHARD_VERSION}",
+            "re-run `octlm prepare` with this octlm",
+        )
+    if size != HEADER_BYTES + count * itemsize:
+        raise DataError(
+            f"shard {path} is {size} bytes but its header promises {count} tokens",
+            "the file is truncated or corrupt; re-run `octlm prepare`",
+        )
+    dtype = np.uint16 if itemsize == 2 else np.uint32
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
+
+
+def dataset_fingerprint(manifest: dict[str, Any]) -> str:
+    """sha256 over what decides the token streams: tokenizer, dtype, and every shard's hash."""
+    core = {
+        "manifest_version": manifest["manifest_version"],
+        "tokenizer": manifest["tokenizer"]["fingerprint"],
+        "dtype": manifest["dtype"],
+        "splits": {
+            name: [
+                (s["file"], s["tokens"], s["sha256"]) for s in manifest["splits"][name]["shards"]
+            ]
+            for name in SPLITS
+        },
+    }
+    return sha256_json(core)
+
+
+class TokenStream:
+    """One split's shards as a single read-only token stream."""
+
+    def __init__(self, shards: list[np.ndarray]) -> None:
+        self.shards = shards
+        self.offsets = np.cumsum([0] + [len(s) for s in shards])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start+length) as int64, crossing shard boundaries if needed."""
+        if start < 0 or start + length > len(self):
+            raise IndexError(f"window {start}+{length} outside a stream of {len(self)} tokens")
+        parts, pos, end = [], start, start + length
+        i = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        while pos < end:
+            local = pos - int(self.offsets[i])
+            take = min(end - pos, len(self.shards[i]) - local)
+            parts.append(np.asarray(self.shards[i][local : local + take], dtype=np.int64))
+            pos += take
+            i += 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+@dataclass(frozen=True)
+class ShardDataset:
+    """A prepared dataset folder: manifest, tokenizer file and the train/val streams."""
+
+    root: Path
+    manifest: dict[str, Any]
+    train: TokenStream
+    val: TokenStream
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["fingerprint"]
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return self.manifest["tokenizer"]["fingerprint"]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.root / TOKENIZER_NAME
+
+    @classmethod
+    def open(
+        cls,
+        root: str | Path,
+        *,
+        verify_checksums: bool = False,
+        tokenizer_fingerprint: str | None = None,
+    ) -> ShardDataset:
+        root = Path(root)
+        manifest = load_manifest(root)
+        if (
+            tokenizer_fingerprint is not None
+            and tokenizer_fingerprint != manifest["tokenizer"]["fingerprint"]
+        ):
+            raise DataError(
+                f"the shards in {root} were written with tokenizer "
+                f"{manifest['tokenizer']['fingerprint'][:12]}, not {tokenizer_fingerprint[:12]}",
+                f"use {root / TOKENIZER_NAME}, or re-run `octlm prepare --tokenizer YOURS`",
+            )
+        if dataset_fingerprint(manifest) != manifest["fingerprint"]:
+            raise DataError(f"{root / MANIFEST_NAME} was edited", "re-run `octlm prepare`")
+        streams = {}
+        for split in SPLITS:
+            shards = []
+            for entry in manifest["splits"][split]["shards"]:
+                path = root / entry["file"]
+                tokens = read_shard(path)
+                if len(tokens) != entry["tokens"]:
+                    raise DataError(
+                        f"shard {path} holds {len(tokens)} tokens, "
+                        f"the manifest says {entry['tokens']}",
+                        "re-run `octlm prepare`",
+                    )
+                if verify_checksums and file_sha256(path) != entry["sha256"]:
+                    raise DataError(
+                        f"shard {path} fails its sha256 check", "re-run `octlm prepare`"
+                    )
+                shards.append(tokens)
+            streams[split] = TokenStream(shards)
+        return cls(root, manifest, streams["train"], streams["val"])
+
+
+def load_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise DataError(
+            f"{root} is not a prepared dataset (no {MANIFEST_NAME})",
+            f"run `octlm prepare --out {root}` first",
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(f"{path} is not valid JSON", "re-run `octlm prepare`") from None
+    if manifest.get("format") != "octlm-dataset" or manifest.get("manifest_version") != (
+        MANIFEST_VERSION
+    ):
+        raise DataError(
+            f"{path} is not an octlm dataset manifest of version {MANIFEST_VERSION}",
+            "re-run `octlm prepare` with this octlm",
+        )
+    return manifest

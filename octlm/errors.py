@@ -1,0 +1,28 @@
+"""The one error type the CLI catches: a problem and its fix, printed as one line.
+
+Library code raises `OctlmError` (or a subclass) for anything a user can cause; `cli.main()`
+prints `octlm: error: <problem>; <fix>` and exits non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class OctlmError(Exception):
+    """A user-facing failure: `problem` says what is wrong, `fix` what to do about it."""
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return f"{self.problem}; {self.fix}" if self.fix else self.problem
+
+
+class DataError(OctlmError):
+    """Bad corpus, shard or manifest."""
+
+
+class TokenizerError(OctlmError):
+    """Bad tokenizer file or settings."""

@@ -1,0 +1,124 @@
+"""Byte-level BPE tokenizer (HF `tokenizers`) with octlm's three special tokens.
+
+User text is never parsed for special tokens: a literal "<|eos|>" inside a document is encoded
+as ordinary bytes, so only `encode(..., add_special_tokens=True)` can emit BOS/EOS. The saved
+file is a standard `tokenizer.json`; `fingerprint` is the sha256 of its bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from octlm.errors import TokenizerError
+from octlm.hashing import file_sha256, sha256_bytes
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+SPECIAL_TOKENS = (BOS, EOS, PAD)  # ids 0, 1, 2 in every octlm tokenizer
+DEFAULT_VOCAB_SIZE = 32768
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte must stay encodable
+
+
+class Tokenizer:
+    """A trained tokenizer plus the per-token byte lengths that bits-per-byte needs."""
+
+    def __init__(self, hf: HFTokenizer, fingerprint: str) -> None:
+        ids = [hf.token_to_id(t) for t in SPECIAL_TOKENS]
+        if ids != [0, 1, 2]:
+            raise TokenizerError(
+                f"tokenizer lacks octlm's special tokens {SPECIAL_TOKENS} at ids 0-2 (found {ids})",
+                "train one with `octlm tokenizer train`",
+            )
+        hf.encode_special_tokens = True  # literal "<|eos|>" in text stays text
+        self._hf = hf
+        self.fingerprint = fingerprint
+        self.bos_id, self.eos_id, self.pad_id = ids
+        self.vocab_size = hf.get_vocab_size()
+        # A byte-level token's string has one character per byte; specials decode to nothing.
+        table = np.zeros(self.vocab_size, dtype=np.int32)
+        for token, idx in hf.get_vocab().items():
+            if token not in SPECIAL_TOKENS:
+                table[idx] = len(token)
+        self.token_bytes_table = table
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
+        """Train on `texts` (deterministic: same texts in the same order -> same file)."""
+        check_vocab_size(vocab_size)
+        hf = HFTokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        hf.train_from_iterator(texts, trainer)
+        return cls(hf, sha256_bytes(hf.to_str(pretty=True).encode("utf-8")))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer file not found: {path}", "check the path")
+        try:
+            hf = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust side raises a bare Exception on bad JSON
+            raise TokenizerError(
+                f"{path} is not a tokenizer.json ({str(exc).splitlines()[0]})",
+                "pass a file written by `octlm tokenizer train` or `octlm prepare`",
+            ) from None
+        return cls(hf, file_sha256(path))
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically; the file's sha256 is `self.fingerprint`."""
+        path = Path(path)
+        data = self._hf.to_str(pretty=True).encode("utf-8")
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    # -- use ----------------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._hf.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids, self.eos_id] if add_special_tokens else ids
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """Encode many documents on all cores (the Rust side parallelises)."""
+        out = [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+        if add_special_tokens:
+            out = [[self.bos_id, *ids, self.eos_id] for ids in out]
+        return out
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> int:
+        """UTF-8 bytes the token decodes to; 0 for special tokens."""
+        return int(self.token_bytes_table[token_id])
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._hf.id_to_token(token_id)
+
+
+def check_vocab_size(vocab_size: int) -> None:
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise TokenizerError(
+            f"vocabulary size {vocab_size} cannot hold 256 byte tokens plus "
+            f"{len(SPECIAL_TOKENS)} special tokens",
+            f"use --vocab-size {MIN_VOCAB_SIZE} or more",
+        )
+    if vocab_size > 2**32:
+        raise TokenizerError(f"vocabulary size {vocab_size} is too large", "use at most 2**32")
