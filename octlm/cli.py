@@ -52,6 +52,126 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+_FLAG_TYPES = {"int": int, "float": float, "str": str}
+_CHOICES = {"model": ("tiny", "small", "main"), "dtype": ("fp32", "bf16", "fp16")}
+
+
+def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field; defaults stay None so the TOML value wins unless given."""
+    from dataclasses import fields
+
+    from octlm.config import TrainConfig, field_docs
+
+    docs = field_docs()
+    parser.add_argument("--config", help="TOML file with the same keys as these flags")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type).replace(" | None", "")
+        default = f" (default: {f.default})" if f.default is not None else ""
+        help_text = docs.get(f.name, "") + default
+        if kind == "bool":
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        else:
+            parser.add_argument(
+                flag,
+                type=_FLAG_TYPES[kind],
+                default=None,
+                choices=_CHOICES.get(f.name),
+                help=help_text,
+            )
+
+
+def _config_from_args(args: argparse.Namespace):
+    from dataclasses import fields
+
+    from octlm.config import TrainConfig, make_config
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    return make_config(args.config, **overrides)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from octlm.train.loop import train
+
+    train(_config_from_args(args))
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    from octlm.train.loop import load_model_for_inference
+
+    return load_model_for_inference(args.run, device=args.device)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from octlm.data.order import validation_starts
+    from octlm.data.shards import ShardDataset
+    from octlm.evaluate import evaluate
+    from octlm.tokenizer import Tokenizer
+
+    model, meta = _load(args)
+    data_dir = Path(args.data or meta["data_dir"])
+    dataset = ShardDataset.open(data_dir, tokenizer_fingerprint=meta["fingerprints"]["tokenizer"])
+    tokenizer = Tokenizer.load(dataset.tokenizer_path)
+    context = model.config.context
+    stream = dataset.val if args.split == "val" else dataset.train
+    n = args.batches * args.micro_batch if args.batches else len(stream)
+    starts = validation_starts(len(stream), context, n)
+    device = next(model.parameters()).device
+    result = evaluate(
+        model,
+        stream,
+        np.asarray(starts),
+        context=context,
+        micro_batch=args.micro_batch,
+        token_bytes=tokenizer.token_bytes_table,
+        device=device,
+        dtype=args.dtype,
+    )
+    print(
+        f"{meta['path']}  step {meta['train_state']['step']}  {args.split}: "
+        f"loss {result.loss:.4f}  ppl {result.ppl:.3f}  bpb {result.bpb:.4f}  "
+        f"({result.tokens:,} tokens)"
+    )
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from octlm.data.shards import ShardDataset
+    from octlm.generate import generate
+    from octlm.tokenizer import Tokenizer
+
+    model, meta = _load(args)
+    data_dir = Path(args.data or meta["data_dir"])
+    dataset = ShardDataset.open(data_dir, tokenizer_fingerprint=meta["fingerprints"]["tokenizer"])
+    tokenizer = Tokenizer.load(dataset.tokenizer_path)
+    prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
+    ids = [tokenizer.bos_id, *prompt]
+    new = generate(
+        model,
+        ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop_id=tokenizer.eos_id,
+    )
+    print(args.prompt + tokenizer.decode(new))
+    return 0
+
+
+def _cmd_hash(args: argparse.Namespace) -> int:
+    from octlm.hashing import weights_sha256
+
+    model, meta = _load(args)
+    print(f"{weights_sha256(model.state_dict())}  {meta['path']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from octlm.data.prepare import DEFAULT_SHARD_TOKENS
     from octlm.tokenizer import DEFAULT_VOCAB_SIZE
@@ -100,6 +220,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--force", action="store_true", help="replace an existing dataset at --out")
     pr.set_defaults(handler=_cmd_prepare)
+
+    tr = sub.add_parser("train", help="train a model (flags override --config)")
+    _add_train_flags(tr)
+    tr.set_defaults(handler=_cmd_train)
+
+    def run_parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("run", help="run folder (its newest checkpoint) or checkpoint file")
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+        return p
+
+    ev = run_parser("eval", "validation loss, perplexity and bits per byte")
+    ev.add_argument("--data", help="dataset folder (default: the one the run trained on)")
+    ev.add_argument("--split", choices=("val", "train"), default="val")
+    ev.add_argument("--batches", type=int, default=40, help="micro-batches; 0 = the whole split")
+    ev.add_argument("--micro-batch", type=int, default=16)
+    ev.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    ev.set_defaults(handler=_cmd_eval)
+
+    ge = run_parser("generate", "continue a prompt")
+    ge.add_argument("--prompt", required=True)
+    ge.add_argument("--data", help="dataset folder whose tokenizer to use (default: the run's)")
+    ge.add_argument("--max-new-tokens", type=int, default=64)
+    ge.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ge.add_argument("--top-k", type=int, default=None)
+    ge.add_argument("--seed", type=int, default=0)
+    ge.set_defaults(handler=_cmd_generate)
+
+    ha = run_parser("hash", "print the model's weights_sha256")
+    ha.set_defaults(handler=_cmd_hash)
     return parser
 
 

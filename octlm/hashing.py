@@ -32,3 +32,21 @@ def file_sha256(path: str | Path) -> str:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def weights_sha256(state_dict: dict[str, Any]) -> str:
+    """sha256 over every tensor in name order: name, dtype, shape, then the raw bytes.
+
+    Two models hash equal exactly when every weight is bitwise equal, on any device.
+    """
+    import torch  # local: hashing is also used by code that never touches torch
+
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

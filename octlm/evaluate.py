@@ -1,0 +1,63 @@
+"""Validation loss, perplexity and bits per byte on a fixed set of windows.
+
+Bits per byte = total nats / (ln 2 * total bytes), summed over every target and divided once,
+so it does not depend on how the windows are batched. Evaluation runs in eval mode under
+no_grad inside `fork_rng`, so it never moves the training trajectory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from octlm.data.order import windows
+from octlm.data.shards import TokenStream
+from octlm.model import IGNORE_INDEX
+from octlm.train.step import autocast
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    ppl: float
+    bpb: float
+    tokens: int
+    bytes: int
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    stream: TokenStream,
+    starts: np.ndarray,
+    *,
+    context: int,
+    micro_batch: int,
+    token_bytes: np.ndarray,
+    device: torch.device,
+    dtype: str = "fp32",
+) -> EvalResult:
+    """Mean loss over the windows starting at `starts` (each context + 1 tokens)."""
+    was_training = model.training
+    model.eval()
+    table = torch.from_numpy(token_bytes.astype(np.int64))
+    nats = torch.zeros((), dtype=torch.float64)
+    n_tokens = n_bytes = 0
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for i in range(0, len(starts), micro_batch):
+            block = windows(stream, starts[i : i + micro_batch], context + 1)
+            x, y = block[:, :-1], block[:, 1:]
+            with autocast(device, dtype):
+                loss_sum, count = model(x.to(device), y.to(device))
+            nats += loss_sum.double().cpu()
+            n_tokens += int(count)
+            n_bytes += int(table[y[y != IGNORE_INDEX]].sum())
+    model.train(was_training)
+    loss = float(nats) / max(1, n_tokens)
+    bpb = float(nats) / (math.log(2) * n_bytes) if n_bytes else float("nan")
+    return EvalResult(loss, math.exp(min(loss, 700.0)), bpb, n_tokens, n_bytes)

@@ -1,0 +1,49 @@
+"""Atomic file writes: temporary file, flush, fsync, rename, fsync of the folder.
+
+A rename either happens completely or not at all, so a crash at any point leaves the previous
+file intact and never a half-written one under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def fsync_dir(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` to fill a temporary file, then move it over `path` durably."""
+    path = Path(path)
+    tmp = tmp_path(path)
+    try:
+        write(tmp)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

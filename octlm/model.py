@@ -1,0 +1,318 @@
+"""Llama-style decoder-only transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Parameter names follow Llama (`layers.{i}.attention.wq.weight`, ...) so that exporting to
+Hugging Face is a lookup table. The output layer is tied to `tok_embeddings`, and with targets
+the forward pass returns a masked loss *sum* plus a target count for exact gradient accumulation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+IGNORE_INDEX = -100
+"""Targets equal to this are excluded from the loss (the data layer maps PAD targets to it)."""
+
+_INT_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "context")
+_FLOAT_FIELDS = ("rope_base", "norm_eps", "init_std")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """Shape and init hyperparameters of a GPT; validated on construction."""
+
+    vocab_size: int
+    """Number of token ids; also the width of the (tied) output layer."""
+    d_model: int
+    """Width of the residual stream."""
+    n_layers: int
+    """Number of transformer blocks."""
+    n_heads: int
+    """Number of query heads."""
+    n_kv_heads: int
+    """Number of key/value heads (grouped-query attention); must divide n_heads."""
+    d_ff: int
+    """Hidden width of the SwiGLU feed-forward."""
+    context: int
+    """Maximum sequence length; RoPE tables are precomputed for this many positions."""
+    rope_base: float = 10000.0
+    """RoPE frequency base (theta)."""
+    norm_eps: float = 1e-5
+    """Epsilon inside RMSNorm."""
+    dropout: float = 0.0
+    """Attention and residual dropout probability in training mode."""
+    init_std: float = 0.02
+    """Std of the normal init; residual output projections are scaled down by sqrt(2 * n_layers)."""
+
+    def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive int")
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive number")
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout={self.dropout!r}: must be in [0, 1)")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"ModelConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                "pick n_heads dividing d_model"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"ModelConfig.n_heads={self.n_heads} is not divisible by "
+                f"n_kv_heads={self.n_kv_heads}: pick n_kv_heads dividing n_heads"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"ModelConfig.head_dim={self.head_dim} (d_model // n_heads) is odd: RoPE needs an "
+                "even head_dim, change d_model or n_heads"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"ModelConfig.from_dict: unknown keys {unknown}; valid keys: {sorted(known)}"
+            )
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(d))
+        if missing:
+            raise ValueError(f"ModelConfig.from_dict: missing required keys {missing}")
+        return cls(**d)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Fast enough for CPU tests and demos.
+    "tiny": ModelConfig(
+        vocab_size=4096, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=384, context=256
+    ),
+    # The seed's 22.0M model: 9.44M non-embedding parameters.
+    "small": ModelConfig(
+        vocab_size=32768, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024, context=1024
+    ),
+    # About 4x small: 88.1M parameters.
+    "main": ModelConfig(
+        vocab_size=32768,
+        d_model=768,
+        n_layers=10,
+        n_heads=12,
+        n_kv_heads=4,
+        d_ff=2048,
+        context=1024,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """Return the named preset, with fields replaced by `overrides` (re-validated)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; valid: {sorted(PRESETS)}")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown ModelConfig overrides {unknown}; valid: {sorted(known)}")
+    return dataclasses.replace(PRESETS[name], **overrides)
+
+
+def rope_tables(head_dim: int, n_positions: int, base: float) -> tuple[Tensor, Tensor]:
+    """float32 (cos, sin) tables of shape (n_positions, head_dim) in the rotate_half layout."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv_freq)  # (T, D/2)
+    # Both halves share frequencies: dim i pairs with i + D/2 (HF Llama layout, not interleaved).
+    angles = torch.cat((angles, angles), dim=-1)  # (T, D)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (..., T, D) by position; done in float32 so bf16 inputs keep precise angles."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x32 * cos.float() + rotated * sin.float()).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32 even under bf16 autocast; the mean of squares is precision-sensitive.
+        out = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return out.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds the shared cos/sin tables; non-persistent so they never enter the state_dict."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        cos, sin = rope_tables(config.head_dim, config.context, config.rope_base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, seq_len: int) -> tuple[Tensor, Tensor]:
+        return self.cos[:seq_len], self.sin[:seq_len]
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE on q and k."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
+        self.head_dim = config.head_dim
+        self.dropout_p = config.dropout
+        d, kv_dim = config.d_model, config.n_kv_heads * config.head_dim
+        self.wq = nn.Linear(d, config.n_heads * config.head_dim, bias=False)
+        self.wk = nn.Linear(d, kv_dim, bias=False)
+        self.wv = nn.Linear(d, kv_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, d, bias=False)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        dropout_p = self.dropout_p if self.training else 0.0
+        # enable_gqa lets sdpa share each kv head across n_heads // n_kv_heads query heads.
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=True
+        )  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, C)
+        return self.resid_dropout(self.wo(y))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.w3 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.resid_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only language model with the output layer tied to the token embedding."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.rope = RotaryEmbedding(config)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Normal(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2L)."""
+        std = self.config.init_std
+        # Each block adds two residual branches; shrinking their outputs keeps the stream's
+        # variance roughly independent of depth at init (GPT-2 style).
+        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for layer in self.layers:
+            for proj in (layer.attention.wo, layer.feed_forward.w2):
+                nn.init.normal_(proj.weight, mean=0.0, std=resid_std, generator=generator)
+
+    def forward(
+        self, inputs: Tensor, targets: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits (B, T, V) without targets; with targets, (loss_sum, n_targets).
+
+        loss_sum is the float32 SUM of token cross-entropies over targets != IGNORE_INDEX and
+        n_targets the int64 count of those targets. The caller divides the summed loss by the
+        step's total count, so gradient accumulation yields the true masked mean.
+        """
+        if inputs.ndim != 2:
+            raise ValueError(f"inputs must have shape (B, T), got {tuple(inputs.shape)}")
+        seq_len = inputs.shape[1]
+        if seq_len > self.config.context:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds context {self.config.context}: truncate the "
+                "input or build the model with a larger context"
+            )
+        h = self.tok_embeddings(inputs)  # (B, T, C)
+        cos, sin = self.rope(seq_len)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        h = self.norm(h)
+        logits = F.linear(h, self.tok_embeddings.weight)  # (B, T, V), tied output layer
+        if targets is None:
+            return logits
+        if targets.shape != inputs.shape:
+            raise ValueError(
+                f"targets shape {tuple(targets.shape)} != inputs shape {tuple(inputs.shape)}"
+            )
+        # float32 logits: a bf16 log-softmax over a 32k vocab loses too much precision.
+        flat_logits = logits.float().flatten(0, 1)  # (B * T, V)
+        loss_sum = F.cross_entropy(
+            flat_logits, targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+        )
+        n_targets = (targets != IGNORE_INDEX).sum()
+        return loss_sum, n_targets
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count; the tied embedding/output matrix is counted once."""
+        total = sum(p.numel() for p in self.parameters())  # parameters() de-duplicates
+        if non_embedding:
+            total -= self.tok_embeddings.weight.numel()
+        return total
+
+    def num_linear_layers(self) -> int:
+        return sum(isinstance(m, nn.Linear) for m in self.modules())
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token: 6N for the weights plus 12 * L * d * T for attention."""
+        T = self.config.context if seq_len is None else seq_len
+        if T <= 0:
+            raise ValueError(f"seq_len={T}: must be positive")
+        cfg = self.config
+        return 6 * self.num_params() + 12 * cfg.n_layers * cfg.d_model * T

@@ -1,0 +1,1 @@
+"""The training loop and everything a resume restores."""

@@ -1,0 +1,86 @@
+"""One optimizer step: accumulate over micro-batches, clip, update.
+
+The gradient is the mean over the step's real (non-PAD) targets: every micro-batch's loss SUM
+is divided by the token count of the whole step, counted before any backward pass. A mean of
+micro-batch means would weight a sparsely-targeted micro-batch too heavily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from octlm.model import IGNORE_INDEX
+from octlm.train.optim import clip_grad_norm, set_lr
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """Mixed precision over FP32 weights; a no-op context for fp32."""
+    low = AUTOCAST_DTYPES[dtype]
+    if low is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=low)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    """Mean loss over the step's real targets."""
+    grad_norm: float
+    """Global gradient norm before clipping (inf/nan if the fp16 scaler skipped the step)."""
+    n_targets: int
+    skipped: bool = False
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    lr: float,
+    grad_clip: float,
+    device: torch.device,
+    dtype: str = "fp32",
+    scaler: torch.amp.GradScaler | None = None,
+    clip_model: nn.Module | None = None,
+    before_backward: Callable[[int], contextlib.AbstractContextManager] | None = None,
+) -> StepResult:
+    """Run one step over `micro_batches` (CPU tensors, moved here) and return its numbers.
+
+    `clip_model` is the module whose parameters are clipped (the raw model under a compile or
+    DDP wrapper); `before_backward(micro)` may return a context (DDP's no_sync).
+    """
+    set_lr(optimizer, lr)
+    n_targets = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
+    denom = max(1, n_targets)  # an all-PAD step contributes zero gradient, not NaN
+    loss_total = torch.zeros((), device=device, dtype=torch.float32)
+    for micro, (x, y) in enumerate(micro_batches):
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        ctx = before_backward(micro) if before_backward else contextlib.nullcontext()
+        with ctx:
+            with autocast(device, dtype):
+                loss_sum, _ = model(x, y)
+            loss = loss_sum / denom  # summed over micro-batches this is the true masked mean
+            (scaler.scale(loss) if scaler else loss).backward()
+        loss_total += loss.detach()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = clip_grad_norm(clip_model or model, grad_clip)
+    skipped = False
+    if scaler is not None:
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        skipped = scaler.get_scale() < scale_before  # the scaler backs off only on inf/nan
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    # One host sync per step, after all queued work: the timing that follows is real.
+    return StepResult(float(loss_total.item()), float(norm.item()), n_targets, skipped)
