@@ -36,12 +36,18 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from octlm.data.prepare import PrepareConfig, prepare, summary_lines
+    from octlm.tokenizer import DEFAULT_VOCAB_SIZE
 
+    if args.tokenizer and args.vocab_size is not None:
+        raise OctlmError(
+            "--vocab-size has no effect with --tokenizer (its vocabulary is fixed)",
+            "drop one of the two",
+        )
     cfg = PrepareConfig(
         out=Path(args.out),
         inputs=tuple(args.inputs),
         tokenizer=Path(args.tokenizer) if args.tokenizer else None,
-        vocab_size=args.vocab_size,
+        vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
         val_fraction=args.val_fraction,
         context=args.context,
         shard_tokens=args.shard_tokens,
@@ -172,11 +178,18 @@ def _cmd_hash(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in the same one-line form as every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"octlm: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from octlm.data.prepare import DEFAULT_SHARD_TOKENS
     from octlm.tokenizer import DEFAULT_VOCAB_SIZE
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="octlm", description="Train small GPT-style language models that resume exactly."
     )
     parser.add_argument("--version", action="version", version=f"octlm {__version__}")
@@ -200,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--vocab-size",
         type=int,
-        default=DEFAULT_VOCAB_SIZE,
-        help="vocabulary size of the tokenizer trained here",
+        default=None,
+        help=f"vocabulary size of the tokenizer trained here (default: {DEFAULT_VOCAB_SIZE})",
     )
     pr.add_argument(
         "--val-fraction", type=float, default=0.1, help="share of documents held out for validation"
@@ -261,6 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except OctlmError as exc:
         print(f"octlm: error: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # disk full, permissions, a file where a folder should be
+        where = f": {exc.filename}" if exc.filename else ""
+        print(
+            f"octlm: error: {exc.strerror or exc}{where}; check the path and free space",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("octlm: interrupted", file=sys.stderr)

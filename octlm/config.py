@@ -16,7 +16,6 @@ from typing import Any
 
 from octlm.errors import OctlmError
 from octlm.hashing import sha256_json
-from octlm.model import PRESETS
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -48,8 +47,11 @@ class TrainConfig:
     context: int = 1024
     """Tokens per sequence (at most the preset's context)."""
     beta1: float = 0.9
+    """AdamW decay rate of the gradient mean (first moment)."""
     beta2: float = 0.95
+    """AdamW decay rate of the squared-gradient mean (second moment)."""
     eps: float = 1e-8
+    """AdamW epsilon added to the root of the second moment."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay, applied to tensors with 2+ dimensions only."""
     grad_clip: float = 1.0
@@ -88,6 +90,8 @@ class TrainConfig:
     """Progress bar: on a terminal by default."""
 
     def __post_init__(self) -> None:
+        from octlm.model import PRESETS  # lazy: the CLI parser must not pay for importing torch
+
         _check(self.model in PRESETS, f"model {self.model!r} is unknown", f"use {sorted(PRESETS)}")
         for name in ("steps", "micro_batch", "accum", "context"):
             value = getattr(self, name)

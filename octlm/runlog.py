@@ -22,6 +22,11 @@ def _clean(value: Any) -> Any:
     # JSON has no NaN/inf; write them as strings so every line stays parseable.
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    # Nested too: the header's config and a resume's notes are dicts and lists.
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
     return value
 
 

@@ -67,7 +67,7 @@ def test_main_preset_size() -> None:
 
 def test_tiny_preset_and_overrides() -> None:
     cfg = preset("tiny", dropout=0.1)
-    assert cfg.d_model == 128 and cfg.dropout == 0.1
+    assert cfg.d_model == 192 and cfg.dropout == 0.1
     assert PRESETS["tiny"].dropout == 0.0  # presets themselves are never mutated
     assert cfg.head_dim == 32
 

@@ -68,7 +68,10 @@ def read_documents(inputs: Sequence[str | Path]) -> list[Document]:
     ids = [d.id for d in docs]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
-        raise DataError(f"two documents share the id {dup!r}", "give each JSONL line a unique id")
+        raise DataError(
+            f"two documents share the id {dup!r}",
+            "give each JSONL line a unique id, and each input file a unique name",
+        )
     return docs
 
 

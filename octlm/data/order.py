@@ -69,7 +69,9 @@ class Sampler:
         self.micro_batch, self.accum, self.rank, self.world = micro_batch, accum, rank, world
         self.block_stride = context + 1 if overfit_blocks else 1
         self.n_positions = overfit_blocks or len(stream) - context  # a window needs T+1 tokens
-        if self.n_positions < 1 or self.n_positions * self.block_stride + context > len(stream):
+        # The last window starts at (n_positions - 1) * block_stride and reads context + 1 tokens.
+        last_end = (self.n_positions - 1) * self.block_stride + context + 1
+        if self.n_positions < 1 or last_end > len(stream):
             raise ValueError(f"stream of {len(stream)} tokens is too short for context {context}")
         self.step = 0  # the next step to draw; advanced by the loop
 

@@ -99,11 +99,17 @@ def _chunks(docs: Sequence[Document]) -> Iterator[list[Document]]:
 def _check_out(cfg: PrepareConfig) -> None:
     if cfg.out.exists() and not cfg.out.is_dir():
         raise DataError(f"--out {cfg.out} is a file", "choose a folder path")
-    if cfg.out.is_dir() and any(cfg.out.iterdir()) and not cfg.force:
-        raise DataError(
-            f"{cfg.out} already exists and is not empty",
-            "choose another --out, or pass --force to replace it",
-        )
+    if cfg.out.is_dir() and any(cfg.out.iterdir()):
+        if not cfg.force:
+            raise DataError(
+                f"{cfg.out} already exists and is not empty",
+                "choose another --out, or pass --force to replace it",
+            )
+        if not (cfg.out / MANIFEST_NAME).is_file():  # --force replaces datasets, nothing else
+            raise DataError(
+                f"{cfg.out} is not empty and holds no dataset (no {MANIFEST_NAME})",
+                "choose another --out; --force only replaces a folder `octlm prepare` wrote",
+            )
     if cfg.shard_tokens < 1:
         raise DataError(f"shard size {cfg.shard_tokens} is not positive", "use e.g. 100000000")
     if cfg.context < 1:
@@ -165,7 +171,8 @@ def _write(
                 raise DataError(
                     f"the {split} split has {n_tokens} tokens; one block of context {cfg.context} "
                     f"needs {cfg.context + 1}",
-                    "add text, raise --val-fraction, or lower --context",
+                    f"add text, {'raise' if split == 'val' else 'lower'} --val-fraction, "
+                    "or lower --context",
                 )
             summary[split] = {
                 "documents": len(splits[split]),
@@ -204,7 +211,12 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.replace(out, old)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:  # put the old dataset back
+            os.replace(old, out)
+        raise
     _fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -100,8 +100,10 @@ class TokenStream:
 
     def window(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start+length) as int64, crossing shard boundaries if needed."""
-        if start < 0 or start + length > len(self):
+        if start < 0 or length < 0 or start + length > len(self):
             raise IndexError(f"window {start}+{length} outside a stream of {len(self)} tokens")
+        if length == 0:
+            return np.empty(0, dtype=np.int64)
         parts, pos, end = [], start, start + length
         i = int(np.searchsorted(self.offsets, start, side="right")) - 1
         while pos < end:
@@ -153,8 +155,6 @@ class ShardDataset:
                 f"{manifest['tokenizer']['fingerprint'][:12]}, not {tokenizer_fingerprint[:12]}",
                 f"use {root / TOKENIZER_NAME}, or re-run `octlm prepare --tokenizer YOURS`",
             )
-        if dataset_fingerprint(manifest) != manifest["fingerprint"]:
-            raise DataError(f"{root / MANIFEST_NAME} was edited", "re-run `octlm prepare`")
         streams = {}
         for split in SPLITS:
             shards = []
@@ -187,11 +187,20 @@ def load_manifest(root: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise DataError(f"{path} is not valid JSON", "re-run `octlm prepare`") from None
-    if manifest.get("format") != "octlm-dataset" or manifest.get("manifest_version") != (
-        MANIFEST_VERSION
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != "octlm-dataset"
+        or (manifest.get("manifest_version") != MANIFEST_VERSION)
     ):
         raise DataError(
             f"{path} is not an octlm dataset manifest of version {MANIFEST_VERSION}",
             "re-run `octlm prepare` with this octlm",
         )
+    # Checked here, before any field is used: a field removed or retyped by hand is "edited" too.
+    try:
+        edited = dataset_fingerprint(manifest) != manifest["fingerprint"]
+    except (KeyError, TypeError, ValueError):
+        edited = True
+    if edited:
+        raise DataError(f"{path} was edited", "re-run `octlm prepare`")
     return manifest

@@ -145,6 +145,8 @@ def load_checkpoint(
     path: Path, sha256: str | None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(metadata, tensors) of a checkpoint, after checking its sha256 and format version."""
+    if not path.is_file():  # e.g. listed in latest.json but deleted: no raw FileNotFoundError
+        raise CheckpointError(f"checkpoint {path} does not exist", "name an existing file")
     if sha256 is not None and file_sha256(path) != sha256:
         raise CheckpointError(
             f"checkpoint {path} fails its sha256 check", "it is corrupt; delete it"
@@ -159,7 +161,12 @@ def load_checkpoint(
         ) from None
     if raw is None:
         raise CheckpointError(f"{path} has no octlm metadata", "name an octlm checkpoint")
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError:
+        meta = None
+    if not isinstance(meta, dict):  # hand-made or damaged metadata, not a raw exception
+        raise CheckpointError(f"{path} has corrupt octlm metadata", "use another file")
     if meta.get("format") not in (FORMAT, "octlm-snapshot"):
         raise CheckpointError(f"{path} is not an octlm checkpoint", "name an octlm checkpoint")
     if meta.get("format_version", 0) > FORMAT_VERSION:

@@ -1,0 +1,58 @@
+"""Shared session fixtures: the embedded corpus, a small tokenizer and a small prepared dataset.
+
+All three are built once per test session and must be treated as read-only by tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from octlm.data.corpus import Document, embedded_documents
+from octlm.data.prepare import PrepareConfig, prepare
+from octlm.tokenizer import Tokenizer
+
+TINY_VOCAB = 512
+TINY_CONTEXT = 64
+TINY_SHARD_TOKENS = 200_000
+
+
+@pytest.fixture(scope="session")
+def corpus_docs() -> list[Document]:
+    """The 42 embedded Shakespeare works, in the embedded file's order."""
+    return embedded_documents()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(corpus_docs, tmp_path_factory) -> Tokenizer:
+    """A 512-token BPE trained on the first 6 works (by id), loaded back from its saved file."""
+    docs = sorted(corpus_docs, key=lambda d: d.id)[:6]
+    path = tmp_path_factory.mktemp("tiny_tokenizer") / "tokenizer.json"
+    Tokenizer.train([d.text for d in docs], TINY_VOCAB).save(path)
+    return Tokenizer.load(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(corpus_docs, tmp_path_factory) -> Path:
+    """A prepared dataset folder from the first 12 works (by id): vocab 512, context 64, train in
+    several 200,000-token shards. Read-only: copy it before changing anything."""
+    root = tmp_path_factory.mktemp("tiny_dataset")
+    source = root / "docs.jsonl"
+    docs = sorted(corpus_docs, key=lambda d: d.id)[:12]
+    source.write_text(
+        "".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8"
+    )
+    out = root / "data"
+    prepare(
+        PrepareConfig(
+            out=out,
+            inputs=(str(source),),
+            vocab_size=TINY_VOCAB,
+            context=TINY_CONTEXT,
+            shard_tokens=TINY_SHARD_TOKENS,
+        ),
+        progress=False,
+    )
+    return out
