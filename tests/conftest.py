@@ -6,7 +6,14 @@ All three are built once per test session and must be treated as read-only by te
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+# One intra-op thread for the tests and every subprocess they start: the models here are tiny,
+# and on a shared 2-core machine a second OpenMP thread waiting on a busy core makes small
+# matmuls ~50x slower. Set before torch is imported anywhere.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 import pytest
 
