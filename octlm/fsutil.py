@@ -11,15 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: str | Path) -> None:
+def fsync_path(path: str | Path) -> None:
+    """fsync a file's data, or a folder's entries (what makes a rename durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -41,9 +34,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
     tmp = tmp_path(path)
     try:
         write(tmp)
-        fsync_file(tmp)
+        fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)

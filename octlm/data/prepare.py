@@ -29,6 +29,7 @@ from octlm.data.shards import (
     write_shard,
 )
 from octlm.errors import DataError
+from octlm.fsutil import fsync_path
 from octlm.hashing import sha256_json
 from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, check_vocab_size
 
@@ -217,17 +218,9 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         if old is not None:  # put the old dataset back
             os.replace(old, out)
         raise
-    _fsync_dir(out.parent)
+    fsync_path(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
