@@ -1,0 +1,210 @@
+"""Tests for octlm.config: precedence, validation, the trajectory fingerprint, shipped configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from octlm.config import (
+    NON_TRAJECTORY_KEYS,
+    ConfigError,
+    TrainConfig,
+    changed_keys,
+    config_keys,
+    field_docs,
+    load_toml,
+    make_config,
+)
+from octlm.errors import OctlmError
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+
+# Keys the spec names as not deciding any computed number.
+NOT_TRAJECTORY = {
+    "out",
+    "data",
+    "val_every",
+    "ckpt_every",
+    "keep_ckpts",
+    "stop_at",
+    "resume",
+    "progress",
+    "device",
+    "peak_tflops",
+}
+TRAJECTORY = {
+    "model",
+    "steps",
+    "warmup",
+    "lr",
+    "min_lr_ratio",
+    "micro_batch",
+    "accum",
+    "context",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "grad_clip",
+    "dropout",
+    "seed",
+    "overfit_blocks",
+    "dtype",
+    "compile",
+    "fused",
+    "deterministic",
+}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_flags_override_toml_which_overrides_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path, 'model = "tiny"\ncontext = 64\nsteps = 50\nlr = 2e-3\ncompile = true\n')
+    cfg = make_config(path, lr=5e-4, steps=None, compile=False, seed=None)
+    assert cfg.lr == 5e-4  # flag beats TOML
+    assert cfg.steps == 50  # TOML beats default; a None flag means "not given"
+    assert cfg.compile is False  # a False flag is given, not skipped
+    assert cfg.warmup == TrainConfig().warmup  # default
+    assert cfg.seed == TrainConfig().seed
+    assert (cfg.model, cfg.context) == ("tiny", 64)
+
+
+def test_no_toml_means_defaults_plus_flags() -> None:
+    assert make_config(None, lr=1e-4) == TrainConfig(lr=1e-4)
+    assert make_config() == TrainConfig()
+
+
+def test_unknown_toml_key_is_an_error_naming_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "steps = 10\nlearning_rate = 1e-3\n")
+    with pytest.raises(ConfigError, match="learning_rate"):
+        load_toml(path)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        make_config(path)
+
+
+def test_missing_and_malformed_toml_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        make_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        make_config(write(tmp_path, "steps = = 3\n"))
+
+
+def test_wrongly_typed_toml_value_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        make_config(write(tmp_path, 'lr = "fast"\n'))
+    with pytest.raises(ConfigError, match="steps"):
+        make_config(write(tmp_path, 'steps = "10"\n'))
+    with pytest.raises(ConfigError, match="steps"):
+        make_config(write(tmp_path, "steps = true\n"))
+
+
+@pytest.mark.parametrize(
+    ("changes", "word"),
+    [
+        ({"steps": 0}, "steps"),
+        ({"steps": -3}, "steps"),
+        ({"accum": 0}, "accum"),
+        ({"warmup": -1}, "warmup"),
+        ({"lr": 0.0}, "lr"),
+        ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
+        ({"beta2": 1.0}, "beta"),
+        ({"grad_clip": -1.0}, "grad_clip"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"dtype": "fp8"}, "fp8"),
+        ({"model": "huge"}, "huge"),
+        ({"model": "tiny", "context": 512}, "context"),
+        ({"steps": 10, "stop_at": 11}, "stop_at"),
+        ({"steps": 10, "stop_at": 0}, "stop_at"),
+    ],
+)
+def test_bad_values_are_config_errors(changes: dict, word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        TrainConfig(**changes)
+    with pytest.raises(ConfigError, match=word):
+        make_config(None, **changes)
+
+
+def test_config_error_is_a_user_facing_octlm_error() -> None:
+    with pytest.raises(OctlmError) as info:
+        TrainConfig(model="tiny", context=512)
+    assert info.value.fix  # a fix is offered, not only the problem
+    assert "256" in info.value.message
+
+
+def test_edge_values_are_accepted() -> None:
+    cfg = TrainConfig(model="tiny", context=256, steps=10, stop_at=10, warmup=0, grad_clip=0.0)
+    assert cfg.stop_at == 10
+
+
+def test_replace_revalidates() -> None:
+    cfg = TrainConfig(model="tiny", context=64)
+    assert cfg.replace(steps=7).steps == 7
+    with pytest.raises(ConfigError):
+        cfg.replace(steps=0)
+
+
+def test_trajectory_excludes_paths_intervals_and_logging() -> None:
+    traj = TrainConfig().trajectory()
+    assert not NOT_TRAJECTORY & set(traj)
+    assert set(traj) >= TRAJECTORY
+    assert set(traj) == set(config_keys()) - set(NON_TRAJECTORY_KEYS)
+    assert traj["lr"] == TrainConfig().lr
+
+
+def test_fingerprint_changes_with_lr_but_not_with_val_every() -> None:
+    base = TrainConfig(model="tiny", context=64)
+    assert base.fingerprint == TrainConfig(model="tiny", context=64).fingerprint
+    assert len(base.fingerprint) == 64
+    for key, value in [("lr", 2e-3), ("seed", 1), ("dtype", "fp32"), ("accum", 3)]:
+        assert base.replace(**{key: value}).fingerprint != base.fingerprint, key
+    for key, value in [
+        ("val_every", 7),
+        ("out", "elsewhere"),
+        ("ckpt_every", 3),
+        ("stop_at", 5),
+        ("device", "cpu"),
+        ("resume", True),
+        ("progress", False),
+        ("peak_tflops", 100.0),
+        ("keep_ckpts", True),
+        ("data", "/tmp/data"),
+    ]:
+        assert base.replace(**{key: value}).fingerprint == base.fingerprint, key
+
+
+def test_changed_keys_names_what_differs() -> None:
+    old = TrainConfig().trajectory()
+    new = TrainConfig(lr=1e-4).trajectory()
+    assert changed_keys(old, new) == [f"lr: {old['lr']!r} -> 0.0001"]
+    assert changed_keys(old, old) == []
+
+
+def test_tokens_per_step() -> None:
+    assert TrainConfig(micro_batch=4, accum=3, context=128).tokens_per_step == 4 * 3 * 128
+
+
+def test_shipped_configs_exist() -> None:
+    assert any(p.name == "tiny.toml" for p in CONFIGS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads_into_a_valid_train_config(path: Path) -> None:
+    cfg = make_config(path)
+    assert isinstance(cfg, TrainConfig)
+    for key, value in load_toml(path).items():
+        assert getattr(cfg, key) == value
+    # Flags still override a shipped config.
+    assert make_config(path, seed=cfg.seed + 1).seed == cfg.seed + 1
+
+
+def test_every_field_has_a_docstring() -> None:
+    docs = field_docs()
+    missing = [k for k in config_keys() if not docs.get(k, "").strip()]
+    assert missing == []
+    assert set(docs) == set(config_keys())
+    assert docs["lr"] == "Peak learning rate."

@@ -1,0 +1,119 @@
+"""Tests for octlm.train.optim: decay groups, the fused kernel, and global-norm clipping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octlm.config import TrainConfig
+from octlm.model import GPT, preset
+from octlm.train.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
+
+TINY = preset(
+    "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
+)
+
+
+def make_model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(TINY)
+
+
+def backward(model: GPT, scale: float = 1.0, seed: int = 1) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, TINY.vocab_size, (4, TINY.context), generator=g)
+    y = torch.randint(0, TINY.vocab_size, (4, TINY.context), generator=g)
+    loss_sum, n = model(x, y)
+    (scale * loss_sum / n).backward()
+
+
+def global_norm(model: GPT) -> float:
+    grads = [p.grad.double() for p in model.parameters() if p.grad is not None]
+    return float(torch.sqrt(sum((g * g).sum() for g in grads)))
+
+
+def test_matrices_decay_and_norm_gains_do_not() -> None:
+    model = make_model()
+    cfg = TrainConfig(model="tiny", context=32, weight_decay=0.07)
+    opt = build_optimizer(model, cfg)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.07
+    assert no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() == 1 for p in no_decay["params"])
+    ids = lambda ps: {id(p) for p in ps}  # noqa: E731
+    named = dict(model.named_parameters())
+    matrices = {n for n, p in named.items() if p.dim() >= 2}
+    gains = {n for n, p in named.items() if p.dim() == 1}
+    assert ids(decay["params"]) == ids(named[n] for n in matrices)
+    assert ids(no_decay["params"]) == ids(named[n] for n in gains)
+    assert "tok_embeddings.weight" in matrices
+    assert all(n.endswith("norm.weight") for n in gains)
+    # Every parameter is in exactly one group.
+    assert ids(decay["params"]) | ids(no_decay["params"]) == ids(model.parameters())
+    assert not ids(decay["params"]) & ids(no_decay["params"])
+
+
+def test_group_counts_for_the_tiny_model() -> None:
+    model = make_model()
+    decay, no_decay = param_groups(model, 0.1)
+    # Embedding + 7 linears per layer (wq wk wv wo w1 w2 w3); 2 RMSNorm gains per layer + final.
+    assert len(decay["params"]) == 1 + 7 * TINY.n_layers == 15
+    assert len(no_decay["params"]) == 2 * TINY.n_layers + 1 == 5
+    assert sum(p.numel() for p in decay["params"] + no_decay["params"]) == model.num_params()
+
+
+def test_optimizer_settings_come_from_the_config() -> None:
+    cfg = TrainConfig(model="tiny", context=32, lr=2e-3, beta1=0.8, beta2=0.9, eps=1e-6)
+    opt = build_optimizer(make_model(), cfg)
+    for group in opt.param_groups:
+        assert group["betas"] == (0.8, 0.9)
+        assert group["eps"] == 1e-6
+        assert not group["fused"]
+    set_lr(opt, 3e-4)
+    assert [g["lr"] for g in opt.param_groups] == [3e-4, 3e-4]
+
+
+def test_fused_adamw_builds_and_steps_on_cpu() -> None:
+    model = make_model()
+    opt = build_optimizer(model, TrainConfig(model="tiny", context=32, fused=True))
+    assert all(g["fused"] for g in opt.param_groups)
+    before = model.tok_embeddings.weight.detach().clone()
+    backward(model)
+    opt.step()
+    assert not torch.equal(before, model.tok_embeddings.weight)
+    assert torch.isfinite(model.tok_embeddings.weight).all()
+
+
+def test_clip_returns_the_pre_clip_global_norm() -> None:
+    model = make_model()
+    backward(model, scale=100.0)
+    expected = global_norm(model)
+    assert expected > 1.0
+    norm = clip_grad_norm(model, 1.0)
+    assert float(norm) == pytest.approx(expected, rel=1e-5)
+    assert global_norm(model) <= 1.0 + 1e-6
+    assert global_norm(model) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_clip_leaves_a_small_norm_alone() -> None:
+    model = make_model()
+    backward(model)
+    grads = [p.grad.clone() for p in model.parameters()]
+    norm = float(clip_grad_norm(model, 1e6))
+    assert norm == pytest.approx(global_norm(model), rel=1e-5)
+    # The coefficient is clamped at 1, so an unclipped gradient stays within rounding.
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-6, atol=0)
+
+
+def test_zero_grad_clip_leaves_gradients_bitwise_unchanged_and_returns_the_norm() -> None:
+    model = make_model()
+    backward(model, scale=100.0)
+    grads = [p.grad.clone() for p in model.parameters()]
+    expected = global_norm(model)
+    norm = clip_grad_norm(model, 0.0)
+    assert float(norm) == pytest.approx(expected, rel=1e-5)
+    assert expected > 1.0  # clipping would have changed them
+    for g, p in zip(grads, model.parameters(), strict=True):
+        assert torch.equal(p.grad, g)
