@@ -151,6 +151,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from octlm.generate import generate
     from octlm.tokenizer import Tokenizer
 
+    if args.top_k is not None and args.top_k < 1:
+        raise OctlmError(f"--top-k {args.top_k} keeps no token", "use --top-k 1 or more")
     model, meta = _load(args)
     data_dir = Path(args.data or meta["data_dir"])
     dataset = ShardDataset.open(data_dir, tokenizer_fingerprint=meta["fingerprints"]["tokenizer"])

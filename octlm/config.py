@@ -99,7 +99,9 @@ class TrainConfig:
         for name in ("warmup", "val_every", "val_batches", "ckpt_every", "overfit_blocks", "seed"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 0, f"{name}={value!r} must be an integer >= 0")
-        _check(self.lr > 0, f"lr={self.lr} must be positive")
+        _check(0 < self.lr < float("inf"), f"lr={self.lr} must be a positive finite number")
+        if self.peak_tflops is not None:
+            _check(self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be positive")
         _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)")
         _check(self.eps > 0, f"eps={self.eps} must be positive")

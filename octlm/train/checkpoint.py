@@ -88,7 +88,7 @@ def save_checkpoint(
     folder = run_dir / CKPT_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:06d}.safetensors"
-    header = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
+    header = {**meta, "format": FORMAT, "format_version": FORMAT_VERSION}
     atomic_write(
         path, lambda tmp: save_file(tensors, str(tmp), metadata={"octlm": json.dumps(header)})
     )
@@ -169,7 +169,8 @@ def load_checkpoint(
         raise CheckpointError(f"{path} has corrupt octlm metadata", "use another file")
     if meta.get("format") not in (FORMAT, "octlm-snapshot"):
         raise CheckpointError(f"{path} is not an octlm checkpoint", "name an octlm checkpoint")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
+    version = meta.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CheckpointError(
             f"{path} has format version {meta.get('format_version')}, newer than this octlm's "
             f"{FORMAT_VERSION}",
