@@ -105,6 +105,42 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify_resume(args: argparse.Namespace) -> int:
+    from octlm.verify import format_table, verify_resume
+
+    if args.resume or args.stop_at is not None:
+        raise OctlmError(
+            "verify-resume chooses its own stops and resumes",
+            "drop --resume and --stop-at; use --split K",
+        )
+    cfg = _config_from_args(args)
+    summaries, kept = verify_resume(
+        cfg,
+        args.split,
+        keep=args.keep,
+        workdir=Path(args.workdir) if args.workdir else None,
+        echo=lambda line: print(line, file=sys.stderr),
+    )
+    print("\n".join(format_table(summaries)))
+    if kept:
+        print(f"runs kept in {kept}")
+    ok = all(s.identical for s in summaries)
+    print(
+        "identical: every resumed run matches the straight run bit for bit"
+        if ok
+        else "NOT identical: see the table"
+    )
+    return 0 if ok else 1
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from octlm.rundiff import diff_runs, format_diff, load
+
+    result = diff_runs(load(args.run_a), load(args.run_b))
+    print("\n".join(format_diff(result, args.run_a, args.run_b)))
+    return 0 if result.first is None and result.common_steps else 1
+
+
 def _load(args: argparse.Namespace):
     from octlm.train.loop import load_model_for_inference
 
@@ -239,6 +275,24 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train a model (flags override --config)")
     _add_train_flags(tr)
     tr.set_defaults(handler=_cmd_train)
+
+    vr = sub.add_parser("verify-resume", help="check exact resume: straight vs stopped+resumed")
+    _add_train_flags(vr)
+    vr.add_argument(
+        "--split",
+        type=int,
+        action="append",
+        required=True,
+        help="stop at this step and resume (repeatable)",
+    )
+    vr.add_argument("--keep", action="store_true", help="keep the temporary runs")
+    vr.add_argument("--workdir", help="folder for the temporary runs (default: the system's)")
+    vr.set_defaults(handler=_cmd_verify_resume)
+
+    df = sub.add_parser("diff", help="first step where two run logs differ")
+    df.add_argument("run_a")
+    df.add_argument("run_b")
+    df.set_defaults(handler=_cmd_diff)
 
     def run_parser(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)

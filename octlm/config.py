@@ -60,6 +60,9 @@ class TrainConfig:
     """Model dropout (attention and residual)."""
     seed: int = 1337
     """Seeds the model init and the data order."""
+    blocks: str | None = None
+    """Train and validate on in-memory blocks made from this text/JSONL file (the first seed's
+    path: a short stream is padded and PAD targets are masked); the tokenizer comes from data."""
     overfit_blocks: int = 0
     """If > 0, train and validate on only the first N blocks of the train stream (seed 1, Day 1)."""
     dtype: str = "bf16"
@@ -76,6 +79,9 @@ class TrainConfig:
     """Validate every N steps and at the end; 0 disables periodic validation."""
     val_batches: int = 40
     """Micro-batches of the validation stream to evaluate (always the same first ones)."""
+    hash_every: int | None = None
+    """Write the model's weights_sha256 to the log every N steps; default: at every validation;
+    0: only at the end."""
     ckpt_every: int = 40
     """Checkpoint every N steps and at the end; 0 = only at the end and on interruption."""
     keep_ckpts: bool = False
@@ -99,6 +105,8 @@ class TrainConfig:
         for name in ("warmup", "val_every", "val_batches", "ckpt_every", "overfit_blocks", "seed"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 0, f"{name}={value!r} must be an integer >= 0")
+        if self.hash_every is not None:
+            _check(_is_int(self.hash_every) and self.hash_every >= 0, "hash_every must be >= 0")
         _check(0 < self.lr < float("inf"), f"lr={self.lr} must be a positive finite number")
         if self.peak_tflops is not None:
             _check(self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be positive")
@@ -147,6 +155,8 @@ class TrainConfig:
 NON_TRAJECTORY_KEYS = (
     "out",
     "data",  # checked separately through the dataset fingerprint
+    "blocks",  # likewise: its blocks' content is part of the data fingerprint
+    "hash_every",
     "val_every",
     "val_batches",
     "ckpt_every",

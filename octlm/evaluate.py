@@ -8,12 +8,14 @@ no_grad inside `fork_rng`, so it never moves the training trajectory.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
+from octlm.data.blocks import TokenBlocks
 from octlm.data.order import windows
 from octlm.data.shards import TokenStream
 from octlm.model import IGNORE_INDEX
@@ -29,7 +31,22 @@ class EvalResult:
     bytes: int
 
 
-@torch.no_grad()
+def stream_batches(
+    stream: TokenStream, starts: np.ndarray, context: int, micro_batch: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, targets) of the windows starting at `starts`, `micro_batch` at a time."""
+    for i in range(0, len(starts), micro_batch):
+        block = windows(stream, starts[i : i + micro_batch], context + 1)
+        yield block[:, :-1], block[:, 1:]
+
+
+def block_batches(
+    blocks: TokenBlocks, micro_batch: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for i in range(0, len(blocks), micro_batch):
+        yield blocks.inputs[i : i + micro_batch], blocks.targets[i : i + micro_batch]
+
+
 def evaluate(
     model: nn.Module,
     stream: TokenStream,
@@ -42,6 +59,20 @@ def evaluate(
     dtype: str = "fp32",
 ) -> EvalResult:
     """Mean loss over the windows starting at `starts` (each context + 1 tokens)."""
+    batches = stream_batches(stream, starts, context, micro_batch)
+    return evaluate_batches(model, batches, token_bytes=token_bytes, device=device, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate_batches(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    token_bytes: np.ndarray,
+    device: torch.device,
+    dtype: str = "fp32",
+) -> EvalResult:
+    """Loss, perplexity and bits per byte over (inputs, targets) batches; IGNORE targets skip."""
     was_training = model.training
     model.eval()
     table = torch.from_numpy(token_bytes.astype(np.int64))
@@ -49,9 +80,7 @@ def evaluate(
     n_tokens = n_bytes = 0
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        for i in range(0, len(starts), micro_batch):
-            block = windows(stream, starts[i : i + micro_batch], context + 1)
-            x, y = block[:, :-1], block[:, 1:]
+        for x, y in batches:
             with autocast(device, dtype):
                 loss_sum, count = model(x.to(device), y.to(device))
             nats += loss_sum.double().cpu()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from octlm.data.blocks import TokenBlocks
 from octlm.data.shards import TokenStream
 
 
@@ -55,7 +56,7 @@ class Sampler:
 
     def __init__(
         self,
-        stream: TokenStream,
+        stream: TokenStream | TokenBlocks,
         *,
         seed: int,
         context: int,
@@ -67,13 +68,19 @@ class Sampler:
     ) -> None:
         self.stream, self.seed, self.context = stream, seed, context
         self.micro_batch, self.accum, self.rank, self.world = micro_batch, accum, rank, world
+        self.step = 0  # the next step to draw; advanced by the loop
+        if isinstance(stream, TokenBlocks):  # the in-memory path: draw whole (PAD-masked) blocks
+            if stream.inputs.shape[1] != context:
+                raise ValueError(f"blocks of {stream.inputs.shape[1]} tokens, not {context}")
+            self.block_stride = 1
+            self.n_positions = min(overfit_blocks or len(stream), len(stream))
+            return
         self.block_stride = context + 1 if overfit_blocks else 1
         self.n_positions = overfit_blocks or len(stream) - context  # a window needs T+1 tokens
         # The last window starts at (n_positions - 1) * block_stride and reads context + 1 tokens.
         last_end = (self.n_positions - 1) * self.block_stride + context + 1
         if self.n_positions < 1 or last_end > len(stream):
             raise ValueError(f"stream of {len(stream)} tokens is too short for context {context}")
-        self.step = 0  # the next step to draw; advanced by the loop
 
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each (micro_batch, context) int64, of micro-batch `micro`."""
@@ -90,6 +97,9 @@ class Sampler:
             )
             * self.block_stride
         )
+        if isinstance(self.stream, TokenBlocks):
+            index = torch.from_numpy(starts)
+            return self.stream.inputs[index], self.stream.targets[index]
         block = windows(self.stream, starts, self.context + 1)
         return block[:, :-1], block[:, 1:]
 

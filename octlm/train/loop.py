@@ -22,11 +22,13 @@ import torch
 from tqdm import tqdm
 
 from octlm.config import TrainConfig, changed_keys
+from octlm.data.blocks import TokenBlocks, make_blocks
+from octlm.data.corpus import read_documents
 from octlm.data.order import Sampler, validation_starts
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
-from octlm.evaluate import evaluate
-from octlm.hashing import weights_sha256
+from octlm.evaluate import block_batches, evaluate, evaluate_batches
+from octlm.hashing import sha256_bytes, sha256_json, weights_sha256
 from octlm.model import GPT, ModelConfig, preset
 from octlm.runlog import RunLog
 from octlm.tokenizer import Tokenizer
@@ -172,9 +174,27 @@ class Run:
         self.forward = torch.compile(self.model) if cfg.compile else self.model
         self.optimizer = build_optimizer(self.model, cfg)
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.dtype == "fp16" else None
+        self.blocks = None
+        data_fingerprint = self.dataset.fingerprint
+        if cfg.blocks:  # the first seed's in-memory path, PAD-masked
+            texts = [d.text for d in read_documents([cfg.blocks])]
+            self.blocks = make_blocks(texts, self.tokenizer, cfg.context)
+            if cfg.overfit_blocks:
+                n = cfg.overfit_blocks
+                self.blocks = TokenBlocks(
+                    self.blocks.inputs[:n], self.blocks.targets[:n], self.blocks.byte_lengths[:n]
+                )
+            data_fingerprint = sha256_json(
+                {
+                    "tokenizer": self.tokenizer.fingerprint,
+                    "blocks": sha256_bytes(
+                        self.blocks.inputs.numpy().tobytes() + self.blocks.targets.numpy().tobytes()
+                    ),
+                }
+            )
         try:
             self.sampler = Sampler(
-                self.dataset.train,
+                self.blocks if self.blocks is not None else self.dataset.train,
                 seed=cfg.seed,
                 context=cfg.context,
                 micro_batch=cfg.micro_batch,
@@ -193,7 +213,7 @@ class Run:
             self.val_starts = validation_starts(len(self.dataset.val), cfg.context, n)
         self.fingerprints = {
             "config": cfg.fingerprint,
-            "data": self.dataset.fingerprint,
+            "data": data_fingerprint,
             "tokenizer": self.tokenizer.fingerprint,
         }
 
@@ -300,6 +320,14 @@ class Run:
         }
 
     def validate(self):
+        if self.blocks is not None:  # the blocks are their own validation set
+            return evaluate_batches(
+                self.forward,
+                block_batches(self.blocks, self.cfg.micro_batch),
+                token_bytes=self.tokenizer.token_bytes_table,
+                device=self.device,
+                dtype=self.cfg.dtype,
+            )
         return evaluate(
             self.forward,
             self.val_stream,
@@ -418,6 +446,9 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                     val_tokens=ev.tokens,
                 )
                 bar.write(f"step {s}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}")
+            hash_every = cfg.val_every if cfg.hash_every is None else cfg.hash_every
+            if hash_every and state.step % hash_every == 0 and not finished:
+                log.write("hash", step=s, weights_sha256=weights_sha256(run.model.state_dict()))
             stopping = stop.requested is not None or state.step == end_step
             if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or finished or stopping:
                 run.save()

@@ -85,13 +85,23 @@ def optimizer_tensors(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def straight(tiny_dataset: Path, tmp_path_factory) -> dict[str, Path]:
-    runs = {}
-    for dtype in ("fp32", "bf16"):
-        out = tmp_path_factory.mktemp(f"straight-{dtype}")
-        octlm(*train_args(tiny_dataset, out / "run", "--dtype", dtype))
-        runs[dtype] = out / "run"
-    return runs
+def reference(tiny_dataset: Path, tmp_path_factory):
+    """Straight runs, trained once per distinct set of extra flags."""
+    cache: dict[tuple[str, ...], Path] = {}
+
+    def get(*extra: str) -> Path:
+        if extra not in cache:
+            out = tmp_path_factory.mktemp("straight") / "run"
+            octlm(*train_args(tiny_dataset, out, *extra))
+            cache[extra] = out
+        return cache[extra]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def straight(reference) -> dict[str, Path]:
+    return {"fp32": reference(), "bf16": reference("--dtype", "bf16")}
 
 
 def split_run(data: Path, out: Path, k: int, *extra: str) -> Path:
@@ -205,3 +215,129 @@ def test_checkpoint_has_every_state_and_no_pickle(tiny_dataset, tmp_path) -> Non
     assert (out / "snapshots" / "step_000002.safetensors").is_file()
     hashed = octlm("hash", str(out / "snapshots" / "step_000002.safetensors")).stdout.split()[0]
     assert hashed == octlm("hash", str(out)).stdout.split()[0]
+
+
+def assert_same_run(run: Path, ref: Path) -> None:
+    assert end_hash(run) == end_hash(ref)
+    assert steps_of(run) == steps_of(ref)
+    a, b = optimizer_tensors(run), optimizer_tensors(ref)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.fixture(scope="module")
+def short_text(tmp_path_factory) -> Path:
+    """Fewer tokens than one block: make_blocks pads it, so some targets are PAD (masked)."""
+    path = tmp_path_factory.mktemp("blocks") / "short.txt"
+    path.write_text("To be, or not to be, that is the question.\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(("--accum", "1"), id="accum1"),
+        pytest.param(("--accum", "4"), id="accum4"),
+        pytest.param(("--dropout", "0.1"), id="dropout"),
+        pytest.param(("--grad-clip", "0"), id="no-clip"),
+    ],
+)
+def test_split_equals_straight_variants(tiny_dataset, reference, tmp_path, variant) -> None:
+    run = split_run(tiny_dataset, tmp_path / "split", 3, *variant)
+    assert_same_run(run, reference(*variant))
+
+
+def test_split_equals_straight_pad_masked_blocks(tiny_dataset, reference, short_text, tmp_path):
+    from octlm.data.blocks import make_blocks
+    from octlm.model import IGNORE_INDEX
+    from octlm.tokenizer import Tokenizer
+
+    blocks = make_blocks(
+        [short_text.read_text()], Tokenizer.load(tiny_dataset / "tokenizer.json"), 32
+    )
+    assert (blocks.targets == IGNORE_INDEX).any()  # the path under test really masks targets
+    flags = ("--blocks", str(short_text))
+    run = split_run(tiny_dataset, tmp_path / "split", 5, *flags)
+    assert_same_run(run, reference(*flags))
+
+
+def test_straight_runs_are_deterministic(tiny_dataset, reference, tmp_path) -> None:
+    out = tmp_path / "again"
+    octlm(*train_args(tiny_dataset, out))
+    assert_same_run(out, reference())
+
+
+def test_intervals_do_not_touch_the_trajectory(tiny_dataset, reference, tmp_path) -> None:
+    out = tmp_path / "intervals"
+    octlm(*train_args(tiny_dataset, out, "--val-every", "2", "--ckpt-every", "1", "--keep-ckpts"))
+    assert end_hash(out) == end_hash(reference())
+    assert steps_of(out) == steps_of(reference())
+
+
+def test_control_other_seed_differs(tiny_dataset, reference, tmp_path) -> None:
+    out = tmp_path / "seed"
+    octlm(*train_args(tiny_dataset, out, "--seed", "7"))
+    assert end_hash(out) != end_hash(reference())
+    assert steps_of(out)[0][1] != steps_of(reference())[0][1]
+
+
+def test_control_rng_not_restored_differs_with_dropout(tiny_dataset, reference, tmp_path) -> None:
+    """Negative control: replace the checkpoint's torch RNG state; dropout masks then change."""
+    flags = ("--dropout", "0.1")
+    out = tmp_path / "rng"
+    octlm(*train_args(tiny_dataset, out, "--stop-at", "3", *flags))
+    path, sha = ckpt.find_checkpoint(out)
+    meta, tensors = ckpt.load_checkpoint(path, sha)
+    gen = torch.Generator().manual_seed(12345)
+    tensors = {**tensors, "rng.torch_cpu": gen.get_state()}
+    header = {k: v for k, v in meta.items() if k not in ("format", "format_version")}
+    ckpt.save_checkpoint(out, 3, header, tensors)
+    octlm(*train_args(tiny_dataset, out, "--resume", *flags))
+    ref = reference(*flags)
+    assert steps_of(out)[:3] == steps_of(ref)[:3]
+    assert steps_of(out)[3][1] != steps_of(ref)[3][1]
+    assert end_hash(out) != end_hash(ref)
+
+
+def test_diff_cli(tiny_dataset, reference, tmp_path) -> None:
+    same = octlm("diff", str(reference()), str(reference()))
+    assert same.returncode == 0 and same.stdout.startswith("match:")
+    out = tmp_path / "seed"
+    octlm(*train_args(tiny_dataset, out, "--seed", "8"))
+    parted = octlm("diff", str(reference()), str(out), check=False)
+    assert parted.returncode == 1
+    assert "the runs part at step 0:" in parted.stdout and "loss" in parted.stdout
+
+
+def test_hash_records_follow_validation(reference) -> None:
+    records = read_log(reference())
+    hashes = [r["step"] for r in records if r["type"] == "hash"]
+    vals = [r["step"] for r in records if r["type"] == "val"]
+    assert hashes == vals[:-1]  # the last validation's hash is in the end record
+
+
+def test_verify_resume_cli(tiny_dataset, tmp_path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'model = "tiny"\ndata = "{tiny_dataset}"\nsteps = 6\nwarmup = 2\ncontext = 32\n'
+        'micro_batch = 2\naccum = 2\ndtype = "fp32"\nval_every = 2\nval_batches = 1\n'
+        "ckpt_every = 4\n"
+    )
+    proc = octlm(
+        "verify-resume",
+        "--config",
+        str(config),
+        "--split",
+        "1",
+        "--split",
+        "4",
+        "--workdir",
+        str(tmp_path),
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:2] == ["run", "weights_sha256"]
+    assert [ln.split()[0] for ln in lines[1:4]] == ["straight", "split@1", "split@4"]
+    assert all(ln.rstrip().endswith("identical") for ln in lines[2:4])
+    assert lines[-1].startswith("identical:")
+    assert not any(p.name.startswith("octlm-verify-") for p in tmp_path.iterdir())  # cleaned up
+    bad = octlm("verify-resume", "--config", str(config), "--split", "6", check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("octlm: error:")
