@@ -84,12 +84,20 @@ class TrainConfig:
     0: only at the end."""
     ckpt_every: int = 40
     """Checkpoint every N steps and at the end; 0 = only at the end and on interruption."""
+    keep_last: int = 2
+    """Full checkpoints kept (rotated); a damaged newest one falls back to the one before."""
     keep_ckpts: bool = False
     """Also keep a weights-only snapshot at every checkpoint."""
     stop_at: int | None = None
     """Stop cleanly once this many steps are done, with a checkpoint, as an interruption would."""
     resume: bool = False
-    """Continue from the checkpoint in `out`."""
+    """Continue from the newest valid checkpoint in `out` (start fresh if it holds none)."""
+    allow_config_change: bool = False
+    """Resume even though trajectory settings changed (e.g. more steps); the log records that
+    the run is no longer exact."""
+    skip_nonfinite: bool = False
+    """Skip steps with a non-finite loss or gradient norm (counted in the log) instead of
+    stopping."""
     peak_tflops: float | None = None
     """Device peak for MFU; default: a table for known GPUs, none on CPU."""
     progress: bool | None = None
@@ -105,6 +113,12 @@ class TrainConfig:
         for name in ("warmup", "val_every", "val_batches", "ckpt_every", "overfit_blocks", "seed"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 0, f"{name}={value!r} must be an integer >= 0")
+        _check(_is_int(self.keep_last) and self.keep_last >= 1, "keep_last must be >= 1")
+        _check(
+            self.warmup <= self.steps,
+            f"warmup={self.warmup} is longer than steps={self.steps}",
+            "use --warmup at most --steps",
+        )
         if self.hash_every is not None:
             _check(_is_int(self.hash_every) and self.hash_every >= 0, "hash_every must be >= 0")
         _check(0 < self.lr < float("inf"), f"lr={self.lr} must be a positive finite number")
@@ -161,6 +175,9 @@ NON_TRAJECTORY_KEYS = (
     "val_batches",
     "ckpt_every",
     "keep_ckpts",
+    "keep_last",
+    "allow_config_change",
+    "skip_nonfinite",  # changes nothing unless a step is non-finite, when it is logged
     "stop_at",
     "resume",
     "peak_tflops",

@@ -118,8 +118,10 @@ def test_wrongly_typed_toml_value_is_a_config_error(tmp_path: Path) -> None:
         ({"dtype": "fp8"}, "fp8"),
         ({"model": "huge"}, "huge"),
         ({"model": "tiny", "context": 512}, "context"),
-        ({"steps": 10, "stop_at": 11}, "stop_at"),
-        ({"steps": 10, "stop_at": 0}, "stop_at"),
+        ({"steps": 10, "warmup": 2, "stop_at": 11}, "stop_at"),
+        ({"steps": 10, "warmup": 2, "stop_at": 0}, "stop_at"),
+        ({"steps": 10, "warmup": 11}, "warmup"),
+        ({"keep_last": 0}, "keep_last"),
     ],
 )
 def test_bad_values_are_config_errors(changes: dict, word: str) -> None:
@@ -143,7 +145,7 @@ def test_edge_values_are_accepted() -> None:
 
 def test_replace_revalidates() -> None:
     cfg = TrainConfig(model="tiny", context=64)
-    assert cfg.replace(steps=7).steps == 7
+    assert cfg.replace(steps=7, warmup=2).steps == 7
     with pytest.raises(ConfigError):
         cfg.replace(steps=0)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ CKPT_DIR = "checkpoints"
 SNAPSHOT_DIR = "snapshots"
 LATEST = "latest.json"
 KEEP_LAST = 2  # the previous file survives until a newer one is complete and listed
+# Fault-injection point for bench/chaos.py: seconds to pause inside each save (after the
+# temporary file is written, and again after the rename), so SIGKILLs land mid-save.
+_SAVE_PAUSE = float(os.environ.get("OCTLM_CHAOS_SAVE_PAUSE", "0") or 0)
 
 
 class CheckpointError(OctlmError):
@@ -89,9 +93,15 @@ def save_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:06d}.safetensors"
     header = {**meta, "format": FORMAT, "format_version": FORMAT_VERSION}
-    atomic_write(
-        path, lambda tmp: save_file(tensors, str(tmp), metadata={"octlm": json.dumps(header)})
-    )
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp), metadata={"octlm": json.dumps(header)})
+        if _SAVE_PAUSE:
+            time.sleep(_SAVE_PAUSE)
+
+    atomic_write(path, write)
+    if _SAVE_PAUSE:
+        time.sleep(_SAVE_PAUSE)
     entries = [e for e in read_latest(run_dir) if e["file"] != path.name]
     entries.append({"file": path.name, "step": step, "sha256": file_sha256(path)})
     keep, drop = entries[-keep_last:], entries[:-keep_last]
@@ -123,6 +133,37 @@ def read_latest(run_dir: Path) -> list[dict[str, Any]]:
         raise CheckpointError(
             f"{path} is corrupt", f"delete it to start {run_dir} afresh"
         ) from None
+
+
+def load_newest_valid(
+    run_dir: Path,
+) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor], list[str]] | None:
+    """The newest listed checkpoint that passes its checks, with a note for each one skipped;
+    None when nothing is listed. Raises when every listed file is damaged."""
+    entries = read_latest(run_dir)
+    notes = []
+    for entry in reversed(entries):
+        path = run_dir / CKPT_DIR / entry["file"]
+        try:
+            meta, tensors = load_checkpoint(path, entry["sha256"])
+        except CheckpointError as exc:
+            notes.append(f"{exc.problem}: falling back to the previous checkpoint")
+            continue
+        return path, meta, tensors, notes
+    if entries:
+        raise CheckpointError(
+            f"none of the {len(entries)} checkpoints in {run_dir / CKPT_DIR} is intact",
+            "start a new run in another --out (or delete that folder)",
+        )
+    return None
+
+
+def remove_stale_temps(run_dir: Path) -> None:
+    """Temporary files left by a process killed mid-save: never listed, safe to delete."""
+    for folder in (run_dir / CKPT_DIR, run_dir / SNAPSHOT_DIR):
+        if folder.is_dir():
+            for tmp in folder.glob(".*.tmp-*"):
+                tmp.unlink(missing_ok=True)
 
 
 def find_checkpoint(run_or_ckpt: str | Path) -> tuple[Path, str | None]:

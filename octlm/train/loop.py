@@ -7,6 +7,7 @@ run stopped anywhere and resumed in a new process ends with the same bits as a s
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import signal
@@ -36,7 +37,7 @@ from octlm.train import checkpoint as ckpt
 from octlm.train.optim import build_optimizer
 from octlm.train.schedule import learning_rate
 from octlm.train.state import TrainState, capture_rng, restore_rng
-from octlm.train.step import train_step
+from octlm.train.step import NonFiniteError, train_step
 
 # Dense bf16 peaks (FLOP/s) for MFU; a device not listed needs --peak-tflops.
 GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "4090": 165e12}
@@ -243,7 +244,9 @@ class Run:
 
     def save(self) -> Path:
         meta, tensors = self.checkpoint_meta_and_tensors()
-        path = ckpt.save_checkpoint(self.out, self.state.step, meta, tensors)
+        path = ckpt.save_checkpoint(
+            self.out, self.state.step, meta, tensors, keep_last=self.cfg.keep_last
+        )
         if self.cfg.keep_ckpts:
             model_tensors = {
                 k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")
@@ -264,25 +267,30 @@ class Run:
         return path
 
     def resume(self) -> tuple[Path, list[str]] | None:
-        """Load the newest checkpoint in `out`; None when there is none yet (start fresh)."""
-        entries = ckpt.read_latest(self.out)
-        if not entries:
+        """Load the newest valid checkpoint in `out`; None when there is none yet."""
+        found = ckpt.load_newest_valid(self.out)
+        if found is None:
             return None
-        path, sha = ckpt.find_checkpoint(self.out)
-        meta, tensors = ckpt.load_checkpoint(path, sha)
+        path, meta, tensors, notes = found
         for kind in ("config", "data", "tokenizer"):
-            old, new = meta["fingerprints"][kind], self.fingerprints[kind]
-            if old != new:
-                detail = ""
-                if kind == "config":
-                    detail = ": " + "; ".join(
-                        changed_keys(meta["trajectory"], self.cfg.trajectory())
+            if meta["fingerprints"][kind] == self.fingerprints[kind]:
+                continue
+            detail = ""
+            if kind == "config":
+                changes = changed_keys(meta["trajectory"], self.cfg.trajectory())
+                detail = ": " + "; ".join(changes)
+                if self.cfg.allow_config_change:
+                    notes.append(
+                        f"config changed ({'; '.join(changes)}) by "
+                        "--allow-config-change: this run is no longer exact"
                     )
-                raise ResumeError(
-                    f"the checkpoint in {self.out} has another {kind} fingerprint{detail}",
-                    "resume with the original settings, or start a new run in another --out",
-                )
-        notes = []
+                    continue
+            fix = "resume with the original settings, or start a new run in another --out"
+            if kind == "config":
+                fix += " (or pass --allow-config-change to continue deliberately)"
+            raise ResumeError(
+                f"the checkpoint in {self.out} has another {kind} fingerprint{detail}", fix
+            )
         build = ckpt.build_info(self.device)
         if meta["build"] != build:
             diff = changed_keys(meta["build"], build)
@@ -344,16 +352,52 @@ def _has_run(out: Path) -> bool:
     return bool(ckpt.read_latest(out)) or (out / "log.jsonl").exists()
 
 
+class RunLock:
+    """An OS lock on `OUT/.lock` for as long as a trainer uses the folder. The kernel drops it
+    when the process dies, so a lock left by a killed trainer never blocks a resume."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / ".lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OctlmError(
+                f"{self.path.parent} is in use by another trainer (pid {holder})",
+                "wait for it to finish, or choose another --out",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
+
+
 def train(cfg: TrainConfig, log_enabled: bool = True) -> TrainResult:
     out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out):
+        return _train_locked(cfg, out, log_enabled)
+
+
+def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult:
     if not cfg.resume and _has_run(out):
         raise OctlmError(
             f"{out} already holds a run", "pass --resume to continue it, or choose another --out"
         )
+    ckpt.remove_stale_temps(out)
     run = Run(cfg)
     log = RunLog(out, enabled=log_enabled)
     resumed = run.resume() if cfg.resume else None
-    out.mkdir(parents=True, exist_ok=True)
     if resumed is None:
         log.path.unlink(missing_ok=True)  # a log without a checkpoint holds nothing to keep
         log.open()
@@ -402,17 +446,28 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             lr = learning_rate(s, cfg)
             t0 = time.perf_counter()
             batches = [run.sampler.batch(s, m) for m in range(cfg.accum)]
-            result = train_step(
-                run.forward,
-                run.optimizer,
-                batches,
-                lr=lr,
-                grad_clip=cfg.grad_clip,
-                device=run.device,
-                dtype=cfg.dtype,
-                scaler=run.scaler,
-                clip_model=run.model,
-            )
+            try:
+                result = train_step(
+                    run.forward,
+                    run.optimizer,
+                    batches,
+                    lr=lr,
+                    grad_clip=cfg.grad_clip,
+                    device=run.device,
+                    dtype=cfg.dtype,
+                    scaler=run.scaler,
+                    clip_model=run.model,
+                    skip_nonfinite=cfg.skip_nonfinite,
+                )
+            except NonFiniteError as exc:
+                log.write(
+                    "event", event="nonfinite", step=s, loss=exc.loss, grad_norm=exc.grad_norm
+                )
+                raise OctlmError(
+                    f"non-finite loss or gradient norm at step {s} (loss {exc.loss}, "
+                    f"grad_norm {exc.grad_norm}); the last good checkpoint in {cfg.out} is kept",
+                    "lower --lr, or pass --skip-nonfinite to skip such steps",
+                ) from None
             dt = time.perf_counter() - t0
             state.step = run.sampler.step = s + 1
             state.tokens += cfg.tokens_per_step
@@ -431,6 +486,11 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                 tok_per_s=round(tok_per_s, 1),
                 mfu=round(flops * tok_per_s / peak, 5) if peak else None,
                 elapsed=round(state.elapsed, 3),
+                **(
+                    {"skipped": True, "skipped_steps": state.skipped_steps}
+                    if result.skipped
+                    else {}
+                ),
             )
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_per_s:,.0f}")

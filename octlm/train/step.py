@@ -8,6 +8,7 @@ micro-batch means would weight a sparsely-targeted micro-batch too heavily.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,16 @@ class StepResult:
     """Global gradient norm before clipping (inf/nan if the fp16 scaler skipped the step)."""
     n_targets: int
     skipped: bool = False
+    """No update was applied (fp16 overflow, or a non-finite step with skip_nonfinite)."""
+    nonfinite: bool = False
+
+
+class NonFiniteError(Exception):
+    """A step produced a non-finite loss or gradient norm; the weights were not updated."""
+
+    def __init__(self, loss: float, grad_norm: float) -> None:
+        super().__init__(f"loss {loss}, grad_norm {grad_norm}")
+        self.loss, self.grad_norm = loss, grad_norm
 
 
 def train_step(
@@ -50,6 +61,7 @@ def train_step(
     scaler: torch.amp.GradScaler | None = None,
     clip_model: nn.Module | None = None,
     before_backward: Callable[[int], contextlib.AbstractContextManager] | None = None,
+    skip_nonfinite: bool = False,
 ) -> StepResult:
     """Run one step over `micro_batches` (CPU tensors, moved here) and return its numbers.
 
@@ -73,6 +85,15 @@ def train_step(
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = clip_grad_norm(clip_model or model, grad_clip)
+    # The host sync happens here, before the update, so a non-finite step never reaches the
+    # weights. With an fp16 scaler, inf gradients are routine (the scaler skips and backs off),
+    # so only the loss is checked there.
+    loss_value, norm_value = float(loss_total.item()), float(norm.item())
+    if not (math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))):
+        optimizer.zero_grad(set_to_none=True)
+        if not skip_nonfinite:
+            raise NonFiniteError(loss_value, norm_value)
+        return StepResult(loss_value, norm_value, n_targets, skipped=True, nonfinite=True)
     skipped = False
     if scaler is not None:
         scale_before = scaler.get_scale()
@@ -82,5 +103,4 @@ def train_step(
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    # One host sync per step, after all queued work: the timing that follows is real.
-    return StepResult(float(loss_total.item()), float(norm.item()), n_targets, skipped)
+    return StepResult(loss_value, norm_value, n_targets, skipped)

@@ -1,0 +1,146 @@
+"""Chaos test: SIGKILL a training run at random moments, resume it each time, compare bits.
+
+    .venv/bin/python bench/chaos.py --kills 50 [--config configs/tiny.toml] [--steps N]
+
+Runs the config straight through once for reference. Then runs it again in a subprocess and
+kills it with SIGKILL after a random delay, over and over, each time re-running the same
+`octlm train ... --resume` command, until `--kills` kills have landed; then lets it finish.
+Saves are slowed by the OCTLM_CHAOS_SAVE_PAUSE fault-injection point so that some kills land
+in the middle of a checkpoint write. Prints kills survived, kills during a save, steps redone,
+and whether the final weights_sha256 equals the straight run's (exit 0 only if identical).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from octlm.runlog import read_log
+
+
+def train_cmd(args: argparse.Namespace, out: Path, resume: bool) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "octlm",
+        "train",
+        "--config",
+        args.config,
+        "--out",
+        str(out),
+        "--ckpt-every",
+        str(args.ckpt_every),
+        "--no-progress",
+    ]
+    for flag, value in (("--steps", args.steps), ("--data", args.data)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    return cmd + (["--resume"] if resume else [])
+
+
+def end_hash(out: Path) -> str | None:
+    ends = [r for r in read_log(out) if r["type"] == "end"] if (out / "log.jsonl").exists() else []
+    return ends[-1]["weights_sha256"] if ends else None
+
+
+def last_logged_step(out: Path) -> int:
+    path = out / "log.jsonl"
+    if not path.exists():
+        return -1
+    steps = [-1]
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the kill
+        if record.get("type") == "step":
+            steps.append(record["step"])
+    return max(steps)
+
+
+def checkpoint_step(out: Path) -> int:
+    latest = out / "checkpoints" / "latest.json"
+    if not latest.exists():
+        return 0
+    return json.loads(latest.read_text())["checkpoints"][-1]["step"]
+
+
+def unlisted(out: Path) -> set[str]:
+    """Checkpoint files renamed into place but not yet listed: a kill between the two."""
+    folder = out / "checkpoints"
+    if not (folder / "latest.json").exists():
+        return set()
+    listed = {e["file"] for e in json.loads((folder / "latest.json").read_text())["checkpoints"]}
+    return {p.name for p in folder.glob("step_*.safetensors")} - listed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kills", type=int, default=50)
+    ap.add_argument("--config", default="configs/tiny.toml")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--ckpt-every", type=int, default=5)
+    ap.add_argument("--save-pause", type=float, default=0.15, help="seconds, per save, twice")
+    ap.add_argument("--min-delay", type=float, default=0.5)
+    ap.add_argument("--max-delay", type=float, default=5.0)
+    ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    root = Path(tempfile.mkdtemp(prefix="octlm-chaos-", dir=args.workdir))
+
+    t0 = time.time()
+    subprocess.run(train_cmd(args, root / "straight", False), check=True, capture_output=True)
+    reference = end_hash(root / "straight")
+    print(f"straight run: weights_sha256 {reference}  ({time.time() - t0:.0f} s)", flush=True)
+
+    out = root / "chaos"
+    env = {**os.environ, "OCTLM_CHAOS_SAVE_PAUSE": str(args.save_pause)}
+    kills = during_save = redone = restarts = 0
+    while True:
+        restarts += 1
+        orphans_before = unlisted(out)
+        proc = subprocess.Popen(
+            train_cmd(args, out, True), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        if kills < args.kills:
+            try:
+                proc.wait(timeout=rng.uniform(args.min_delay, args.max_delay))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                kills += 1
+                orphans = unlisted(out) - orphans_before
+                during_save += bool(list((out / "checkpoints").glob(".*.tmp-*")) or orphans)
+                redone += max(0, last_logged_step(out) + 1 - checkpoint_step(out))
+                continue
+        else:
+            proc.wait()
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        if proc.returncode != 0:
+            print(f"run failed (exit {proc.returncode}): {err.strip().splitlines()[-1:]}")
+            return 2
+        if end_hash(out) is not None:
+            break
+    final = end_hash(out)
+    same = final == reference
+    print(
+        f"kills survived: {kills} ({during_save} with a checkpoint write in progress), "
+        f"restarts: {restarts}, steps redone: {redone}"
+    )
+    print(f"chaos run:    weights_sha256 {final}")
+    print("identical" if same else "NOT identical")
+    print(f"runs in {root}; total {time.time() - t0:.0f} s")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
