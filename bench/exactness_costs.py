@@ -43,6 +43,7 @@ def main() -> None:
     cfg = make_config(
         "configs/tiny.toml",
         steps=args.steps + 2,
+        warmup=2,
         val_every=0,
         ckpt_every=0,
         progress=False,

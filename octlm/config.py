@@ -190,7 +190,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check(ok: bool, problem: str, fix: str = "fix the setting") -> None:
+def _check(
+    ok: bool, problem: str, fix: str = "change it on the command line or in --config"
+) -> None:
     if not ok:
         raise ConfigError(problem, fix)
 

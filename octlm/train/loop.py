@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -384,9 +385,16 @@ class RunLock:
 
 def train(cfg: TrainConfig, log_enabled: bool = True) -> TrainResult:
     out = Path(cfg.out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out):
-        return _train_locked(cfg, out, log_enabled)
+    try:
+        with RunLock(out):
+            return _train_locked(cfg, out, log_enabled)
+    except BaseException:
+        # A run that failed before writing anything leaves no empty folder behind.
+        if created and {p.name for p in out.iterdir()} <= {".lock"}:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult:
