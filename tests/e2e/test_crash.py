@@ -278,3 +278,39 @@ def test_chaos_few_kills(tiny_dataset, tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "kills survived: 4" in proc.stdout and proc.stdout.splitlines()[-2] == "identical"
+
+
+class _Payload:
+    """Unpickling this runs code: it would create the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_refused_without_running(tiny_dataset, tmp_path) -> None:
+    import torch
+
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": _Payload(marker)}, evil)
+    for command in ("eval", "generate", "hash"):
+        extra = ["--prompt", "x"] if command == "generate" else []
+        proc = octlm(command, str(evil), *extra, check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert "not a readable checkpoint" in proc.stderr
+    # The same file listed (with its true sha256) as a run's newest checkpoint for --resume.
+    out = tmp_path / "run"
+    octlm(*train_args(tiny_dataset, out, "--stop-at", "2"))
+    folder = out / "checkpoints"
+    evil_copy = folder / "step_000003.safetensors"
+    evil_copy.write_bytes(evil.read_bytes())
+    entries = listed(out) + [
+        {"file": evil_copy.name, "step": 3, "sha256": ckpt.file_sha256(evil_copy)}
+    ]
+    (folder / "latest.json").write_text(json.dumps({"checkpoints": entries}))
+    proc = octlm(*train_args(tiny_dataset, out, "--resume"))
+    assert "not a readable checkpoint" in proc.stderr and "falling back" in proc.stderr
+    assert not marker.exists()

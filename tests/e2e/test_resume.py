@@ -341,3 +341,13 @@ def test_verify_resume_cli(tiny_dataset, tmp_path) -> None:
     assert not any(p.name.startswith("octlm-verify-") for p in tmp_path.iterdir())  # cleaned up
     bad = octlm("verify-resume", "--config", str(config), "--split", "6", check=False)
     assert bad.returncode == 1 and bad.stderr.startswith("octlm: error:")
+
+
+def test_resumed_twice(tiny_dataset, straight, tmp_path) -> None:
+    out = tmp_path / "twice"
+    octlm(*train_args(tiny_dataset, out, "--stop-at", "2"))
+    octlm(*train_args(tiny_dataset, out, "--resume", "--stop-at", "5"))
+    octlm(*train_args(tiny_dataset, out, "--resume"))
+    resumes = [r["step"] for r in read_log(out) if r.get("event") == "resume"]
+    assert resumes == [2, 5]
+    assert_same_run(out, straight["fp32"])
