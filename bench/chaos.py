@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,7 @@ def main() -> int:
     ap.add_argument("--max-delay", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the runs (default: delete them)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="octlm-chaos-", dir=args.workdir))
@@ -138,7 +140,9 @@ def main() -> int:
     )
     print(f"chaos run:    weights_sha256 {final}")
     print("identical" if same else "NOT identical")
-    print(f"runs in {root}; total {time.time() - t0:.0f} s")
+    print(f"total {time.time() - t0:.0f} s" + (f"; runs kept in {root}" if args.keep else ""))
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
     return 0 if same else 1
 
 
