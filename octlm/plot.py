@@ -1,0 +1,109 @@
+"""`octlm plot`: one PNG of one or more runs, read from their logs (matplotlib, no display).
+
+Panels: training and validation loss against tokens with the unigram-entropy baseline dashed
+(what a model that knows only token frequencies scores), the learning rate, the gradient norm
+with the clipping threshold and clipped steps marked, and throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from octlm.errors import OctlmError
+from octlm.runlog import read_log
+
+
+@dataclass
+class RunSeries:
+    name: str
+    header: dict[str, Any]
+    steps: list[dict[str, Any]]
+    vals: list[dict[str, Any]]
+
+    @property
+    def grad_clip(self) -> float:
+        return float(self.header.get("config", {}).get("grad_clip", 0.0) or 0.0)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.header.get("tokens_per_step", 0))
+
+
+def load_series(run: str | Path) -> RunSeries:
+    path = Path(run)
+    if not (path / "log.jsonl").is_file():
+        raise OctlmError(f"no run log at {path / 'log.jsonl'}", "name a run folder")
+    records = read_log(path)
+    headers = [r for r in records if r["type"] == "header"]
+    steps = [r for r in records if r["type"] == "step"]
+    if not headers or not steps:
+        raise OctlmError(f"{path} has no training steps logged yet", "train it first")
+    vals = [r for r in records if r["type"] == "val"]
+    return RunSeries(path.name, headers[0], steps, vals)
+
+
+def unigram_baseline(series: list[RunSeries]) -> float | None:
+    """The unigram entropy of the first run's validation data, if that data is still there."""
+    from octlm.analyze import unigram_entropy
+    from octlm.data.shards import ShardDataset
+
+    data_dir = series[0].header.get("data_dir")
+    if not data_dir or not (Path(data_dir) / "manifest.json").is_file():
+        return None
+    dataset = ShardDataset.open(data_dir)
+    return unigram_entropy(dataset.val, dataset.manifest["tokenizer"]["vocab_size"])
+
+
+def _num(value: Any) -> float:
+    return float(value)  # "nan"/"inf" strings from the log parse too
+
+
+def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    series = [load_series(r) for r in runs]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    ax_loss, ax_lr, ax_norm, ax_speed = axes.flat
+    for i, s in enumerate(series):
+        color = f"C{i % 10}"
+        tokens = [r["tokens"] for r in s.steps]
+        ax_loss.plot(tokens, [_num(r["loss"]) for r in s.steps], color=color, lw=0.8,
+                     alpha=0.6, label=f"{s.name} train")
+        if s.vals:
+            val_tokens = [(v["step"] + 1) * s.tokens_per_step for v in s.vals]
+            ax_loss.plot(val_tokens, [_num(v["val_loss"]) for v in s.vals], color=color,
+                         marker="o", ms=3, lw=1.5, label=f"{s.name} val")
+        step_ids = [r["step"] for r in s.steps]
+        ax_lr.plot(step_ids, [r["lr"] for r in s.steps], color=color, label=s.name)
+        norms = [_num(r["grad_norm"]) for r in s.steps]
+        ax_norm.plot(step_ids, norms, color=color, lw=0.8, label=s.name)
+        if s.grad_clip > 0:
+            clipped = [(st, n) for st, n in zip(step_ids, norms, strict=True) if n > s.grad_clip]
+            if clipped:
+                ax_norm.scatter(*zip(*clipped, strict=True), color=color, marker="x", s=18,
+                                label=f"{s.name} clipped ({len(clipped)})")
+            ax_norm.axhline(s.grad_clip, color=color, ls=":", lw=1)
+        ax_speed.plot(step_ids, [r["tok_per_s"] for r in s.steps], color=color, lw=0.8,
+                      label=s.name)
+    baseline = unigram_baseline(series) if unigram else None
+    if baseline is not None:
+        ax_loss.axhline(baseline, color="gray", ls="--", lw=1,
+                        label=f"unigram entropy {baseline:.2f} nats")
+    ax_loss.set(xlabel="tokens", ylabel="loss (nats/token)", title="loss")
+    ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
+    ax_norm.set(xlabel="step", ylabel="global grad norm (before clipping)", yscale="log",
+                title="gradient norm (dotted: clip threshold)")
+    ax_speed.set(xlabel="step", ylabel="tokens/s", title="throughput")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,330 @@
+"""`octlm sweep`: a grid of settings x repeats, each a real `octlm train` run, resumable.
+
+Every run is `octlm train --resume` in its own folder, so re-running a killed sweep skips the
+finished runs (their log ends with an `end` record) and resumes the interrupted one exactly.
+Repeat r of a setting trains with seed + r. The summary gives each setting's final validation
+loss as mean, min and max over repeats, and marks a difference from the best setting that is
+smaller than the spread between repeats as "within noise".
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from octlm.config import NON_TRAJECTORY_KEYS, TrainConfig, make_config
+from octlm.errors import OctlmError
+from octlm.runlog import read_log
+from octlm.verify import to_toml
+
+_TYPES = {f.name: str(f.type).replace(" | None", "") for f in fields(TrainConfig)}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    setting: tuple[tuple[str, Any], ...]
+    repeat: int
+    seed: int
+
+    @property
+    def setting_name(self) -> str:
+        return ",".join(f"{k}={_fmt(v)}" for k, v in self.setting) or "base"
+
+    @property
+    def name(self) -> str:
+        return f"{self.setting_name}-r{self.repeat}"
+
+
+def _fmt(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value).lower()
+
+
+def parse_value(key: str, text: str) -> Any:
+    if key not in _TYPES:
+        raise OctlmError(f"unknown setting {key!r} in a sweep", "use the keys of `octlm train`")
+    if key in NON_TRAJECTORY_KEYS or key == "seed":
+        raise OctlmError(f"{key!r} cannot be swept", "sweep settings that change the run")
+    kind = _TYPES[key]
+    try:
+        if kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
+        return {"int": int, "float": float, "str": str}[kind](text)
+    except ValueError:
+        raise OctlmError(f"{key}={text!r} is not a valid {kind}", "fix the --grid value") from None
+
+
+def parse_assignments(spec: str) -> dict[str, list[Any]]:
+    """One --grid: `lr=1e-3,3e-3` -> {"lr": [0.001, 0.003]}."""
+    key, sep, values = spec.partition("=")
+    if not sep or not values:
+        raise OctlmError(f"bad --grid {spec!r}", "write it as KEY=V1,V2,...")
+    return {
+        key.strip().replace("-", "_"): [
+            parse_value(key.strip().replace("-", "_"), v.strip()) for v in values.split(",")
+        ]
+    }
+
+
+def parse_set(spec: str) -> dict[str, Any]:
+    """One explicit setting: `accum=8,steps=50` (keys changed together)."""
+    out: dict[str, Any] = {}
+    for part in spec.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise OctlmError(f"bad --set {spec!r}", "write it as KEY=V,KEY2=V2")
+        key = key.strip().replace("-", "_")
+        out[key] = parse_value(key, value.strip())
+    return out
+
+
+def plan(
+    base: TrainConfig, grid: dict[str, list[Any]], sets: list[dict[str, Any]], repeats: int
+) -> list[RunSpec]:
+    """Every explicit setting x every grid combination x repeats, in a fixed order."""
+    keys = list(grid)
+    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
+    settings = [{**s, **c} for s in (sets or [{}]) for c in combos]
+    specs = []
+    for setting in settings:
+        make_config(None, **{**base.to_dict(), **setting})  # validate each setting up front
+        for r in range(repeats):
+            specs.append(RunSpec(tuple(setting.items()), r, base.seed + r))
+    return specs
+
+
+def load_sweep_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(train keys, sweep table) of a sweep TOML: train keys plus an optional [sweep] table with
+    `grid = {key = [values]}`, `sets = [{...}, ...]` and `repeats`."""
+    path = Path(path)
+    if not path.is_file():
+        raise OctlmError(f"config file not found: {path}", "check the --config path")
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    sweep = data.pop("sweep", {})
+    unknown = set(sweep) - {"grid", "sets", "repeats"}
+    if unknown:
+        raise OctlmError(
+            f"{path}: unknown [sweep] key(s) {sorted(unknown)}", "use grid, sets and repeats"
+        )
+    return data, sweep
+
+
+def finished(run: Path) -> bool:
+    log = run / "log.jsonl"
+    return log.is_file() and any(r["type"] == "end" for r in read_log(run))
+
+
+def final_val_loss(run: Path) -> float | None:
+    vals = [r["val_loss"] for r in read_log(run) if r["type"] == "val"]
+    return float(vals[-1]) if vals else None
+
+
+class Sweep:
+    def __init__(self, out: Path, base: dict[str, Any], specs: list[RunSpec], jobs: int) -> None:
+        self.out, self.base, self.specs, self.jobs = out, base, specs, max(1, jobs)
+        self.config_path = out / "base.toml"
+        self.durations: list[float] = []
+        self.failures: dict[str, str] = {}
+
+    def run_dir(self, spec: RunSpec) -> Path:
+        return self.out / "runs" / spec.name
+
+    def command(self, spec: RunSpec) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "octlm",
+            "train",
+            "--config",
+            str(self.config_path),
+            "--out",
+            str(self.run_dir(spec)),
+            "--seed",
+            str(spec.seed),
+            "--resume",
+            "--no-progress",
+        ]
+        for key, value in spec.setting:
+            cmd += [f"--{key.replace('_', '-')}", _fmt(value)]
+        return cmd
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.jobs > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.jobs))
+        return env
+
+    def _run_one(self, index: int, spec: RunSpec) -> None:
+        remaining = sum(not finished(self.run_dir(s)) for s in self.specs)
+        eta = ""
+        if self.durations:
+            seconds = statistics.mean(self.durations) * remaining / self.jobs
+            eta = f", ETA {int(seconds // 60)}:{int(seconds % 60):02d}"
+        print(
+            f"[{index + 1}/{len(self.specs)}] {spec.name} (seed {spec.seed}){eta}",
+            file=sys.stderr,
+            flush=True,
+        )
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            self.command(spec), capture_output=True, text=True, env=self._env(), check=False
+        )
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            self.failures[spec.name] = last
+            print(f"  {spec.name} failed: {last}", file=sys.stderr, flush=True)
+            return
+        self.durations.append(time.perf_counter() - t0)
+
+    def run(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(to_toml(self.base))
+        todo = [(i, s) for i, s in enumerate(self.specs) if not finished(self.run_dir(s))]
+        skipped = len(self.specs) - len(todo)
+        if skipped:
+            print(f"{skipped} of {len(self.specs)} runs already finished: skipped", file=sys.stderr)
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            list(pool.map(lambda item: self._run_one(*item), todo))
+
+    def summarise(self) -> list[dict[str, Any]]:
+        rows: dict[str, dict[str, Any]] = {}
+        for spec in self.specs:
+            row = rows.setdefault(
+                spec.setting_name, {"setting": spec.setting_name, "losses": [], "failed": 0}
+            )
+            run = self.run_dir(spec)
+            loss = final_val_loss(run) if finished(run) else None
+            if loss is None:
+                row["failed"] += 1
+            else:
+                row["losses"].append(loss)
+        out = []
+        for row in rows.values():
+            losses = row.pop("losses")
+            row.update(
+                repeats=len(losses),
+                mean=statistics.mean(losses) if losses else None,
+                min=min(losses) if losses else None,
+                max=max(losses) if losses else None,
+            )
+            row["spread"] = row["max"] - row["min"] if losses else None
+            out.append(row)
+        mark_noise(out)
+        return out
+
+
+def mark_noise(rows: list[dict[str, Any]]) -> None:
+    """Compare every setting with the best: a gap smaller than the larger of the two settings'
+    repeat spreads (max - min) is "within noise"; one repeat each cannot tell."""
+    scored = [r for r in rows if r["mean"] is not None]
+    if not scored:
+        return
+    best = min(scored, key=lambda r: r["mean"])
+    for r in rows:
+        if r["mean"] is None:
+            r["vs_best"] = "failed"
+        elif r is best:
+            r["vs_best"] = "best"
+        elif r["repeats"] < 2 or best["repeats"] < 2:
+            r["vs_best"] = f"+{r['mean'] - best['mean']:.3f} (one repeat: noise unknown)"
+        else:
+            gap, noise = r["mean"] - best["mean"], max(r["spread"], best["spread"])
+            r["vs_best"] = f"+{gap:.3f} " + ("within noise" if gap <= noise else "beyond noise")
+
+
+def write_summary(out: Path, rows: list[dict[str, Any]], failures: dict[str, str]) -> None:
+    def num(v: float | None) -> str:
+        return "" if v is None else f"{v:.4f}"
+
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["setting", "repeats", "failed", "mean", "min", "max", "spread", "vs_best"])
+        for r in rows:
+            writer.writerow(
+                [
+                    r["setting"],
+                    r["repeats"],
+                    r["failed"],
+                    num(r["mean"]),
+                    num(r["min"]),
+                    num(r["max"]),
+                    num(r["spread"]),
+                    r.get("vs_best"),
+                ]
+            )
+    lines = [
+        "| setting | repeats | final val loss mean | min | max | vs best |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    ordered = sorted(rows, key=lambda r: (r["mean"] is None, r["mean"] or 0.0))
+    for r in ordered:
+        lines.append(
+            f"| {r['setting']} | {r['repeats']} | {num(r['mean'])} | {num(r['min'])} "
+            f"| {num(r['max'])} | {r.get('vs_best', '')} |"
+        )
+    if failures:
+        lines += ["", "Failed runs:"] + [f"- {k}: {v}" for k, v in sorted(failures.items())]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def base_from(config_path: str | None, overrides: dict[str, Any]) -> tuple[TrainConfig, dict]:
+    """The sweep's base TrainConfig (file < flags) and the file's [sweep] table."""
+    from octlm.config import config_keys
+
+    train_keys, table = load_sweep_file(config_path) if config_path else ({}, {})
+    unknown = sorted(set(train_keys) - set(config_keys()))
+    if unknown:
+        raise OctlmError(
+            f"{config_path}: unknown key(s) {', '.join(unknown)}",
+            "see `octlm train --help` for the keys",
+        )
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return make_config(None, **{**train_keys, **given}), table
+
+
+def run_sweep(
+    base: TrainConfig,
+    table: dict,
+    *,
+    grids: list[str],
+    sets: list[str],
+    repeats: int | None,
+    out: Path,
+    jobs: int,
+) -> list[dict[str, Any]]:
+    grid = {k: [parse_value(k, str(v)) for v in vs] for k, vs in table.get("grid", {}).items()}
+    for spec in grids:
+        grid.update(parse_assignments(spec))
+    explicit = (
+        [parse_set(s) for s in sets]
+        if sets
+        else [{k: parse_value(k, str(v)) for k, v in s.items()} for s in table.get("sets", [])]
+    )
+    n_repeats = repeats or int(table.get("repeats", 1))
+    if n_repeats < 1:
+        raise OctlmError(f"--repeats {n_repeats} runs nothing", "use --repeats 1 or more")
+    specs = plan(base, grid, explicit, n_repeats)
+    from octlm.train.loop import resolve_data  # prepare the embedded corpus once, not per run
+
+    values = {
+        k: v
+        for k, v in base.to_dict().items()
+        if k not in ("out", "resume", "stop_at", "progress", "seed")
+    }
+    values["data"] = str(resolve_data(base).resolve())
+    sweep = Sweep(out, values, specs, jobs)
+    sweep.run()
+    rows = sweep.summarise()
+    write_summary(out, rows, sweep.failures)
+    return rows
