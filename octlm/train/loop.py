@@ -454,6 +454,8 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             lr = learning_rate(s, cfg)
             t0 = time.perf_counter()
             batches = [run.sampler.batch(s, m) for m in range(cfg.accum)]
+            finished = s + 1 == cfg.steps
+            validating = bool(cfg.val_every and (s + 1) % cfg.val_every == 0) or finished
             try:
                 result = train_step(
                     run.forward,
@@ -466,6 +468,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                     scaler=run.scaler,
                     clip_model=run.model,
                     skip_nonfinite=cfg.skip_nonfinite,
+                    measure_noise=validating and cfg.accum > 1,
                 )
             except NonFiniteError as exc:
                 log.write(
@@ -502,8 +505,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             )
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_per_s:,.0f}")
-            finished = state.step == cfg.steps
-            if (cfg.val_every and state.step % cfg.val_every == 0) or finished:
+            if validating:
                 ev = run.validate()
                 log.write(
                     "val",
@@ -512,6 +514,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                     val_ppl=ev.ppl,
                     val_bpb=ev.bpb,
                     val_tokens=ev.tokens,
+                    noise_scale=result.noise_scale,
                 )
                 bar.write(f"step {s}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}")
             hash_every = cfg.val_every if cfg.hash_every is None else cfg.hash_every

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from octlm.model import IGNORE_INDEX
+from octlm.noise import MicroGradTracker, simple_noise_scale
 from octlm.train.optim import clip_grad_norm, set_lr
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,6 +40,8 @@ class StepResult:
     skipped: bool = False
     """No update was applied (fp16 overflow, or a non-finite step with skip_nonfinite)."""
     nonfinite: bool = False
+    noise_scale: float | None = None
+    """Simple gradient noise scale B_simple in tokens (McCandlish et al. 2018), when measured."""
 
 
 class NonFiniteError(Exception):
@@ -62,16 +65,23 @@ def train_step(
     clip_model: nn.Module | None = None,
     before_backward: Callable[[int], contextlib.AbstractContextManager] | None = None,
     skip_nonfinite: bool = False,
+    measure_noise: bool = False,
 ) -> StepResult:
     """Run one step over `micro_batches` (CPU tensors, moved here) and return its numbers.
 
     `clip_model` is the module whose parameters are clipped (the raw model under a compile or
-    DDP wrapper); `before_backward(micro)` may return a context (DDP's no_sync).
+    DDP wrapper); `before_backward(micro)` may return a context (DDP's no_sync). A non-finite
+    loss or norm raises NonFiniteError before the update, unless `skip_nonfinite`.
+    `measure_noise` also estimates the gradient noise scale from the micro-batch gradients
+    (one extra copy of the grads; the grads themselves are left untouched).
     """
     set_lr(optimizer, lr)
-    n_targets = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
+    micro_targets = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
+    n_targets = sum(micro_targets)
     denom = max(1, n_targets)  # an all-PAD step contributes zero gradient, not NaN
     loss_total = torch.zeros((), device=device, dtype=torch.float32)
+    params = (clip_model or model).parameters()
+    tracker = MicroGradTracker(params, n_targets) if measure_noise and n_targets else None
     for micro, (x, y) in enumerate(micro_batches):
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
@@ -82,6 +92,10 @@ def train_step(
             loss = loss_sum / denom  # summed over micro-batches this is the true masked mean
             (scaler.scale(loss) if scaler else loss).backward()
         loss_total += loss.detach()
+        if tracker is not None:
+            tracker.after_micro(micro_targets[micro])
+    # Read before unscaling and clipping; a constant scale cancels in B_simple anyway.
+    noise = simple_noise_scale(*tracker.result()) if tracker is not None else None
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = clip_grad_norm(clip_model or model, grad_clip)
@@ -93,7 +107,7 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         if not skip_nonfinite:
             raise NonFiniteError(loss_value, norm_value)
-        return StepResult(loss_value, norm_value, n_targets, skipped=True, nonfinite=True)
+        return StepResult(loss_value, norm_value, n_targets, True, True, noise)
     skipped = False
     if scaler is not None:
         scale_before = scaler.get_scale()
@@ -103,4 +117,4 @@ def train_step(
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_value, norm_value, n_targets, skipped)
+    return StepResult(loss_value, norm_value, n_targets, skipped, False, noise)
