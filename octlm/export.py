@@ -1,0 +1,266 @@
+"""Export a run's model: a Hugging Face Llama folder, or one plain safetensors file.
+
+octlm's model is Llama's architecture with Llama's RoPE layout, so the `hf` export is a renaming
+of tensors plus config and tokenizer files; no tensor is permuted. Only safetensors and json are
+needed here: `transformers` is for whoever loads the result, never imported by octlm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from octlm.errors import OctlmError
+from octlm.fsutil import atomic_write, tmp_path
+from octlm.hashing import file_sha256
+from octlm.model import ModelConfig
+from octlm.tokenizer import BOS, EOS, PAD, Tokenizer
+from octlm.train import checkpoint as ckpt
+
+FORMATS = ("hf", "safetensors")
+TOKENIZER_NAME = "tokenizer.json"
+SAFETENSORS_NAME = "model.safetensors"
+
+# octlm name inside each block -> Llama name (w1 = gate, w3 = up, w2 = down in SwiGLU).
+_LAYER_NAMES = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_TOP_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+}
+
+
+def load_weights(run_or_ckpt: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(metadata, model weights under octlm's names) of a run, checkpoint or snapshot file."""
+    path, sha = ckpt.find_checkpoint(run_or_ckpt)
+    meta, tensors = ckpt.load_checkpoint(path, sha)
+    if "model_config" not in meta:
+        raise ckpt.CheckpointError(f"{path} holds no model config", "name an octlm checkpoint")
+    # Full checkpoints prefix weights with "model."; snapshots and exports store them bare.
+    weights = ckpt.split_tensors(tensors, "model.") or tensors
+    meta["path"] = str(path)
+    return meta, weights
+
+
+def hf_state_dict(weights: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """octlm weights under Llama's names; the tied output layer gets no `lm_head` entry."""
+    table = dict(_TOP_NAMES)
+    for i in range(n_layers):
+        for ours, theirs in _LAYER_NAMES.items():
+            table[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
+    if set(weights) != set(table):
+        extra, missing = sorted(set(weights) - set(table)), sorted(set(table) - set(weights))
+        raise ckpt.CheckpointError(
+            f"the checkpoint's weights do not fit the model (extra {extra[:3]}, missing "
+            f"{missing[:3]})",
+            "name an octlm checkpoint",
+        )
+    return {table[name]: t.detach().contiguous() for name, t in weights.items()}
+
+
+def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """config.json for LlamaForCausalLM (special-token ids are added by the caller)."""
+    dtype_name = str(dtype).removeprefix("torch.")  # the checkpoint's: float32 unless edited
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.context,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.norm_eps,
+        # transformers 4 reads rope_theta, 5 reads rope_parameters; both hold the same base.
+        "rope_theta": config.rope_base,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_base},
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+        "initializer_range": config.init_std,
+        "torch_dtype": dtype_name,
+        "dtype": dtype_name,
+        "use_cache": True,
+    }
+
+
+def tokenizer_config(context: int) -> dict[str, Any]:
+    """tokenizer_config.json: the copied tokenizer.json as is, encoding like octlm's encode.
+
+    No BOS/EOS is added (tokenizer.json has no post-processor, and a flag could not change that),
+    so `tok(text).input_ids == encode(text, add_special_tokens=False)`. split_special_tokens keeps
+    a literal "<|eos|>" in text as text, as octlm does; decoding keeps spaces as they are.
+    """
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "split_special_tokens": True,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": context,
+    }
+
+
+def find_tokenizer(meta: dict[str, Any], tokenizer: str | Path | None) -> Path:
+    """The run's tokenizer.json (or `tokenizer`), checked against the checkpoint's fingerprint."""
+    expected = (meta.get("fingerprints") or {}).get("tokenizer")
+    if expected is None:
+        raise ckpt.CheckpointError(
+            f"{meta['path']} records no tokenizer fingerprint", "name an octlm checkpoint"
+        )
+    path = Path(tokenizer) if tokenizer else Path(meta.get("data_dir", "")) / TOKENIZER_NAME
+    if not path.is_file():
+        raise OctlmError(
+            f"the run's tokenizer {path} is missing",
+            "pass --tokenizer PATH to the tokenizer.json it trained with",
+        )
+    if file_sha256(path) != expected:
+        raise OctlmError(
+            f"{path} is not the tokenizer the run trained with (fingerprint {expected[:12]})",
+            "pass --tokenizer PATH to the tokenizer.json it trained with",
+        )
+    return path
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _umask_mode(path: Path) -> None:
+    """Give `path` the mode of an ordinary new file: safetensors creates its files 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _refuse_non_empty(out: Path, force: bool) -> None:
+    if force or not out.exists():
+        return
+    if out.is_file() or any(out.iterdir()):
+        raise OctlmError(f"{out} already exists and is not empty", "choose another OUT, or --force")
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Move the finished files into `out`: one rename when it is new, file by file otherwise."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    for item in staging.iterdir():  # --force: replace our files, leave any others alone
+        os.replace(item, out / item.name)
+
+
+def export_hf(
+    run_or_ckpt: str | Path,
+    out: str | Path,
+    *,
+    force: bool = False,
+    tokenizer: str | Path | None = None,
+) -> Path:
+    """Write a LlamaForCausalLM folder: config, weights, tokenizer and generation config."""
+    out = Path(out)
+    _refuse_non_empty(out, force)
+    if out.is_file():
+        raise OctlmError(f"{out} is a file", "name a folder for --format hf")
+    meta, weights = load_weights(run_or_ckpt)
+    config = ModelConfig.from_dict(meta["model_config"])
+    tensors = hf_state_dict(weights, config.n_layers)
+    tok_path = find_tokenizer(meta, tokenizer)
+    tok = Tokenizer.load(tok_path)  # also checks the specials sit at ids 0-2
+    ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
+    # Everything goes into a sibling folder first, so a failure leaves OUT as it was.
+    staging = tmp_path(out)
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed export with our pid
+    staging.mkdir(parents=True)
+    try:
+        save_file(tensors, str(staging / SAFETENSORS_NAME), metadata={"format": "pt"})
+        _write_json(
+            staging / "config.json",
+            {**hf_config(config, weights["tok_embeddings.weight"].dtype), **ids},
+        )
+        _write_json(staging / "generation_config.json", {**ids, "do_sample": False})
+        shutil.copyfile(tok_path, staging / TOKENIZER_NAME)
+        _write_json(staging / "tokenizer_config.json", tokenizer_config(config.context))
+        _write_json(
+            staging / "special_tokens_map.json",
+            {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD},
+        )
+        _umask_mode(staging / SAFETENSORS_NAME)
+        _publish(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def export_safetensors(run_or_ckpt: str | Path, out: str | Path, *, force: bool = False) -> Path:
+    """Write octlm's weights to one file, with an octlm snapshot header in its metadata.
+
+    The header makes the file a weights-only snapshot, so `octlm hash/eval/generate` accept it.
+    OUT ending in .safetensors names the file; anything else is a folder for model.safetensors.
+    """
+    out = Path(out)
+    _refuse_non_empty(out, force)
+    if out.suffix != ".safetensors" and out.is_file():
+        raise OctlmError(f"{out} is a file", "name a folder, or a file ending in .safetensors")
+    if out.suffix == ".safetensors" and out.is_dir():
+        raise OctlmError(f"{out} is a folder", "name a file ending in .safetensors")
+    target = out if out.suffix == ".safetensors" else out / SAFETENSORS_NAME
+    meta, weights = load_weights(run_or_ckpt)
+    header = {
+        "format": "octlm-snapshot",
+        "format_version": ckpt.FORMAT_VERSION,
+        "model_config": meta["model_config"],
+        "fingerprints": meta.get("fingerprints"),
+        "train_state": meta.get("train_state"),
+        "data_dir": meta.get("data_dir"),
+    }
+    tensors = {name: t.detach().contiguous() for name, t in weights.items()}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(
+        target,
+        lambda tmp: (
+            save_file(tensors, str(tmp), metadata={"format": "pt", "octlm": json.dumps(header)}),
+            _umask_mode(tmp),
+        ),
+    )
+    return target
+
+
+def export(
+    run_or_ckpt: str | Path,
+    fmt: str,
+    out: str | Path,
+    *,
+    force: bool = False,
+    tokenizer: str | Path | None = None,
+) -> Path:
+    """Export in `fmt` (one of FORMATS) to `out`; returns the folder or file written."""
+    if fmt == "hf":
+        return export_hf(run_or_ckpt, out, force=force, tokenizer=tokenizer)
+    if fmt == "safetensors":
+        return export_safetensors(run_or_ckpt, out, force=force)
+    raise OctlmError(f"unknown export format {fmt!r}", f"use one of: {', '.join(FORMATS)}")
