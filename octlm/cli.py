@@ -141,6 +141,30 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 0 if result.first is None and result.common_steps else 1
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from octlm.config import TrainConfig
+    from octlm.sweep import base_from, run_sweep
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "out"}
+    base, table = base_from(args.config, overrides)
+    out = Path(args.out or "sweeps/sweep")
+    run_sweep(
+        base, table, grids=args.grid, sets=args.set, repeats=args.repeats, out=out, jobs=args.jobs
+    )
+    print((out / "summary.md").read_text(), end="")
+    print(f"wrote {out / 'summary.md'} and {out / 'summary.csv'}")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from octlm.plot import plot_runs
+
+    print(f"wrote {plot_runs(args.runs, args.output, unigram=not args.no_unigram)}")
+    return 0
+
+
 def _load(args: argparse.Namespace):
     from octlm.train.loop import load_model_for_inference
 
@@ -213,6 +237,56 @@ def _cmd_hash(args: argparse.Namespace) -> int:
 
     model, meta = _load(args)
     print(f"{weights_sha256(model.state_dict())}  {meta['path']}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from octlm.report.report import build_report, write_page
+
+    out = write_page(build_report(args.runs, title=args.title), args.out)
+    runs = f"{len(args.runs)} run" + ("s" if len(args.runs) > 1 else "")
+    print(f"wrote {out} ({runs}; open it in a browser)")
+    return 0
+
+
+def _cmd_playground(args: argparse.Namespace) -> int:
+    from octlm.report.report import build_playground, write_page
+
+    out = write_page(build_playground(), args.out)
+    print(f"wrote {out} (schedule and clipping playgrounds; open it in a browser)")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from octlm.export import export
+
+    written = export(args.run, args.fmt, args.out, force=args.force, tokenizer=args.tokenizer)
+    print(f"wrote {written} ({args.fmt})")
+    return 0
+
+
+def _cmd_analyze_unigram(args: argparse.Namespace) -> int:
+    from octlm.analyze import format_unigram, unigram_for_data
+
+    print(format_unigram(unigram_for_data(args.data)))
+    return 0
+
+
+def _cmd_analyze_underflow(args: argparse.Namespace) -> int:
+    from octlm.analyze import format_underflow, underflow_for_run
+
+    report = underflow_for_run(
+        args.run, micro_batch=args.micro_batch, dtype=args.dtype, device=args.device, step=args.step
+    )
+    print(format_underflow(report))
+    return 0
+
+
+def _cmd_bench_peak(args: argparse.Namespace) -> int:
+    from octlm.peak import format_peak, measure_peak, store_peak
+
+    result = measure_peak(args.device, args.dtype, seconds=args.seconds)
+    print(format_peak(result, store_peak(result)))
     return 0
 
 
@@ -289,6 +363,37 @@ def build_parser() -> argparse.ArgumentParser:
     vr.add_argument("--workdir", help="folder for the temporary runs (default: the system's)")
     vr.set_defaults(handler=_cmd_verify_resume)
 
+    sw = sub.add_parser("sweep", help="grid x repeats of training runs, resumable, summarised")
+    _add_train_flags(sw)
+    sw.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values of one setting (repeatable: the product is swept)",
+    )
+    sw.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=V,KEY2=V2",
+        help="one explicit setting whose keys change together (repeatable)",
+    )
+    sw.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs per setting, repeat r with seed + r (default 1)",
+    )
+    sw.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    sw.set_defaults(handler=_cmd_sweep)
+
+    pl = sub.add_parser("plot", help="loss, learning rate, gradient norm and speed of runs")
+    pl.add_argument("runs", nargs="+", metavar="RUN", help="run folders (overlaid)")
+    pl.add_argument("-o", "--output", required=True, help="PNG file to write")
+    pl.add_argument("--no-unigram", action="store_true", help="omit the unigram baseline")
+    pl.set_defaults(handler=_cmd_plot)
+
     df = sub.add_parser("diff", help="first step where two run logs differ")
     df.add_argument("run_a")
     df.add_argument("run_b")
@@ -319,6 +424,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     ha = run_parser("hash", "print the model's weights_sha256")
     ha.set_defaults(handler=_cmd_hash)
+
+    rp = sub.add_parser("report", help="one self-contained HTML page of runs, with playgrounds")
+    rp.add_argument("runs", nargs="+", metavar="RUN", help="run folder (or its log.jsonl)")
+    rp.add_argument("-o", "--out", default="report.html", help="HTML file to write (folders made)")
+    rp.add_argument("--title", help="page title (default: the runs' names)")
+    rp.set_defaults(handler=_cmd_report)
+
+    pg = sub.add_parser("playground", help="an HTML page of the schedule and clipping playgrounds")
+    pg.add_argument("-o", "--out", default="playground.html", help="HTML file to write")
+    pg.set_defaults(handler=_cmd_playground)
+
+    ex = sub.add_parser("export", help="write a Hugging Face Llama folder or plain safetensors")
+    ex.add_argument("run", help="run folder (its newest checkpoint) or checkpoint file")
+    ex.add_argument("out", help="folder to write (safetensors: a folder or a .safetensors file)")
+    ex.add_argument(
+        "--format",
+        choices=("hf", "safetensors"),
+        default="hf",
+        dest="fmt",
+        help="hf: LlamaForCausalLM folder with tokenizer (default); safetensors: octlm's weights",
+    )
+    ex.add_argument("--tokenizer", help="the run's tokenizer.json (default: its dataset's)")
+    ex.add_argument("--force", action="store_true", help="write into a non-empty OUT")
+    ex.set_defaults(handler=_cmd_export)
+
+    an = sub.add_parser("analyze", help="dataset and gradient diagnostics")
+    an_sub = an.add_subparsers(dest="analyze_command", required=True, metavar="ACTION")
+    au = an_sub.add_parser("unigram", help="unigram entropy of a dataset's validation split")
+    au.add_argument("data", help="dataset folder made by `octlm prepare`")
+    au.set_defaults(handler=_cmd_analyze_unigram)
+    af = an_sub.add_parser("underflow", help="share of Linear-output gradients FP16 would flush")
+    af.add_argument("run", help="run folder (its newest checkpoint) or checkpoint file")
+    af.add_argument("--micro-batch", type=int, default=None, help="default: the run's")
+    af.add_argument(
+        "--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="default: the run's"
+    )
+    af.add_argument("--step", type=int, default=None, help="data of this step (default: next)")
+    af.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    af.set_defaults(handler=_cmd_analyze_underflow)
+
+    be = sub.add_parser("bench", help="measure this machine")
+    be_sub = be.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+    bp = be_sub.add_parser("peak", help="peak matmul FLOP/s, cached for MFU")
+    bp.add_argument("--seconds", type=float, default=5.0, help="time budget (default: 5)")
+    bp.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="bf16")
+    bp.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    bp.set_defaults(handler=_cmd_bench_peak)
     return parser
 
 

@@ -7,45 +7,36 @@ run stopped anywhere and resumed in a new process ends with the same bits as a s
 
 from __future__ import annotations
 
-import fcntl
 import os
-import random
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
-from octlm.config import TrainConfig, changed_keys
-from octlm.data.blocks import TokenBlocks, make_blocks
-from octlm.data.corpus import read_documents
-from octlm.data.order import Sampler, validation_starts
-from octlm.data.shards import ShardDataset
+from octlm.config import TrainConfig
 from octlm.errors import OctlmError
-from octlm.evaluate import block_batches, evaluate, evaluate_batches
-from octlm.hashing import sha256_bytes, sha256_json, weights_sha256
-from octlm.model import GPT, ModelConfig, preset
+from octlm.hashing import weights_sha256
+from octlm.model import GPT, ModelConfig
 from octlm.runlog import RunLog
-from octlm.tokenizer import Tokenizer
 from octlm.train import checkpoint as ckpt
-from octlm.train.optim import build_optimizer
+from octlm.train.run import (  # noqa: F401  (re-exported: tools import them from here)
+    GPU_PEAK_FLOPS,
+    ResumeError,
+    Run,
+    RunLock,
+    _has_run,
+    embedded_data_dir,
+    peak_flops,
+    resolve_data,
+    resolve_device,
+)
 from octlm.train.schedule import learning_rate
-from octlm.train.state import TrainState, capture_rng, restore_rng
 from octlm.train.step import NonFiniteError, train_step
-
-# Dense bf16 peaks (FLOP/s) for MFU; a device not listed needs --peak-tflops.
-GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "4090": 165e12}
-
-
-class ResumeError(OctlmError):
-    """A checkpoint that does not belong to this run."""
 
 
 @dataclass(frozen=True)
@@ -77,310 +68,6 @@ class StopFlag:
             os._exit(128 + signum)  # the last complete checkpoint stays as it is
         self.requested = signal.Signals(signum).name
         print(f"\n{self.requested}: finishing this step, then checkpointing", file=sys.stderr)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OctlmError(f"device {name} requested but CUDA is not available", "use --device cpu")
-    return device
-
-
-def embedded_data_dir(vocab_size: int) -> Path:
-    """Where the embedded corpus is prepared on first use (per vocabulary size)."""
-    root = os.environ.get("OCTLM_CACHE") or Path.home() / ".cache" / "octlm"
-    return Path(root) / f"shakespeare-v{vocab_size}"
-
-
-def resolve_data(cfg: TrainConfig) -> Path:
-    if cfg.data is not None:
-        return Path(cfg.data)
-    vocab = preset(cfg.model).vocab_size
-    path = embedded_data_dir(vocab)
-    if not (path / "manifest.json").is_file():
-        from octlm.data.prepare import PrepareConfig, prepare
-
-        print(f"preparing the embedded corpus (vocabulary {vocab}) in {path}", file=sys.stderr)
-        prepare(PrepareConfig(out=path, vocab_size=vocab, context=1024, force=True))
-    return path
-
-
-def configure_determinism(cfg: TrainConfig, device: torch.device) -> None:
-    if not cfg.deterministic:
-        return
-    if device.type == "cuda":
-        # cuBLAS needs a fixed workspace to pick reproducible reduction orders.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
-    torch.use_deterministic_algorithms(True)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def peak_flops(cfg: TrainConfig, device: torch.device) -> float | None:
-    if cfg.peak_tflops:
-        return cfg.peak_tflops * 1e12
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
-    return None
-
-
-class Run:
-    """The objects of one run, and the checkpoint that captures all of their state."""
-
-    def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
-        self.out = Path(cfg.out)
-        self.device = resolve_device(cfg.device)
-        configure_determinism(cfg, self.device)
-        self.data_dir = resolve_data(cfg)
-        self.dataset = ShardDataset.open(self.data_dir)
-        self.tokenizer = Tokenizer.load(self.dataset.tokenizer_path)
-        if self.tokenizer.fingerprint != self.dataset.tokenizer_fingerprint:
-            raise OctlmError(
-                f"{self.dataset.tokenizer_path} does not match the manifest's tokenizer",
-                "re-run `octlm prepare`",
-            )
-        # The vocabulary always comes from the data's tokenizer, the context from the config.
-        self.model_config = preset(
-            cfg.model,
-            vocab_size=self.tokenizer.vocab_size,
-            context=cfg.context,
-            dropout=cfg.dropout,
-        )
-        seed_everything(cfg.seed)
-        self.model = GPT(self.model_config).to(self.device)
-        self.forward = torch.compile(self.model) if cfg.compile else self.model
-        self.optimizer = build_optimizer(self.model, cfg)
-        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.dtype == "fp16" else None
-        self.blocks = None
-        data_fingerprint = self.dataset.fingerprint
-        if cfg.blocks:  # the first seed's in-memory path, PAD-masked
-            texts = [d.text for d in read_documents([cfg.blocks])]
-            self.blocks = make_blocks(texts, self.tokenizer, cfg.context)
-            if cfg.overfit_blocks:
-                n = cfg.overfit_blocks
-                self.blocks = TokenBlocks(
-                    self.blocks.inputs[:n], self.blocks.targets[:n], self.blocks.byte_lengths[:n]
-                )
-            data_fingerprint = sha256_json(
-                {
-                    "tokenizer": self.tokenizer.fingerprint,
-                    "blocks": sha256_bytes(
-                        self.blocks.inputs.numpy().tobytes() + self.blocks.targets.numpy().tobytes()
-                    ),
-                }
-            )
-        try:
-            self.sampler = Sampler(
-                self.blocks if self.blocks is not None else self.dataset.train,
-                seed=cfg.seed,
-                context=cfg.context,
-                micro_batch=cfg.micro_batch,
-                accum=cfg.accum,
-                overfit_blocks=cfg.overfit_blocks,
-            )
-        except ValueError as exc:
-            raise OctlmError(str(exc), "use more data or a shorter --context") from None
-        self.state = TrainState()
-        if cfg.overfit_blocks:  # validate on the memorised blocks themselves
-            self.val_stream = self.dataset.train
-            self.val_starts = np.arange(cfg.overfit_blocks, dtype=np.int64) * (cfg.context + 1)
-        else:
-            self.val_stream = self.dataset.val
-            n = cfg.val_batches * cfg.micro_batch
-            self.val_starts = validation_starts(len(self.dataset.val), cfg.context, n)
-        self.fingerprints = {
-            "config": cfg.fingerprint,
-            "data": data_fingerprint,
-            "tokenizer": self.tokenizer.fingerprint,
-        }
-
-    # -- checkpoint ---------------------------------------------------------------------------
-    def checkpoint_meta_and_tensors(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        optim_meta, optim_tensors = ckpt.optimizer_to_flat(self.optimizer)
-        rng_meta, rng_tensors = capture_rng()
-        tensors = {
-            f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()
-        }
-        tensors.update(optim_tensors)
-        tensors.update({f"rng.{k}": v for k, v in rng_tensors.items()})
-        meta = {
-            "train_state": self.state.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "optimizer": optim_meta,
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "rng": rng_meta,
-            "fingerprints": self.fingerprints,
-            "trajectory": self.cfg.trajectory(),
-            "config": self.cfg.to_dict(),
-            "model_config": self.model_config.to_dict(),
-            "data_dir": str(self.data_dir.resolve()),
-            "build": ckpt.build_info(self.device),
-        }
-        return meta, tensors
-
-    def save(self) -> Path:
-        meta, tensors = self.checkpoint_meta_and_tensors()
-        path = ckpt.save_checkpoint(
-            self.out, self.state.step, meta, tensors, keep_last=self.cfg.keep_last
-        )
-        if self.cfg.keep_ckpts:
-            model_tensors = {
-                k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")
-            }
-            ckpt.save_snapshot(
-                self.out,
-                self.state.step,
-                model_tensors,
-                {
-                    "format": "octlm-snapshot",
-                    "format_version": ckpt.FORMAT_VERSION,
-                    "train_state": meta["train_state"],
-                    "model_config": meta["model_config"],
-                    "fingerprints": self.fingerprints,
-                    "data_dir": meta["data_dir"],
-                },
-            )
-        return path
-
-    def resume(self) -> tuple[Path, list[str]] | None:
-        """Load the newest valid checkpoint in `out`; None when there is none yet."""
-        found = ckpt.load_newest_valid(self.out)
-        if found is None:
-            return None
-        path, meta, tensors, notes = found
-        for kind in ("config", "data", "tokenizer"):
-            if meta["fingerprints"][kind] == self.fingerprints[kind]:
-                continue
-            detail = ""
-            if kind == "config":
-                changes = changed_keys(meta["trajectory"], self.cfg.trajectory())
-                detail = ": " + "; ".join(changes)
-                if self.cfg.allow_config_change:
-                    notes.append(
-                        f"config changed ({'; '.join(changes)}) by "
-                        "--allow-config-change: this run is no longer exact"
-                    )
-                    continue
-            fix = "resume with the original settings, or start a new run in another --out"
-            if kind == "config":
-                fix += " (or pass --allow-config-change to continue deliberately)"
-            raise ResumeError(
-                f"the checkpoint in {self.out} has another {kind} fingerprint{detail}", fix
-            )
-        build = ckpt.build_info(self.device)
-        if meta["build"] != build:
-            diff = changed_keys(meta["build"], build)
-            notes.append(
-                "resuming on a different build (" + "; ".join(diff) + "): bitwise "
-                "equality with an uninterrupted run is no longer promised"
-            )
-        self.model.load_state_dict(ckpt.split_tensors(tensors, "model."))
-        self.optimizer.load_state_dict(
-            ckpt.optimizer_from_flat(meta["optimizer"], ckpt.split_tensors(tensors, "optim."))
-        )
-        if self.scaler is not None and meta["scaler"]:
-            self.scaler.load_state_dict(meta["scaler"])
-        self.state.load_state_dict(meta["train_state"])
-        self.sampler.load_state_dict(meta["sampler"])
-        restore_rng(
-            meta["rng"], ckpt.split_tensors(tensors, "rng.")
-        )  # last: nothing may draw after
-        return path, notes
-
-    def header(self) -> dict[str, Any]:
-        return {
-            "config": self.cfg.to_dict(),
-            "model_config": self.model_config.to_dict(),
-            "params": self.model.num_params(),
-            "params_non_embedding": self.model.num_params(non_embedding=True),
-            "tokens_per_step": self.cfg.tokens_per_step,
-            "flops_per_token": self.model.flops_per_token(self.cfg.context),
-            "fingerprints": self.fingerprints,
-            "data_dir": str(self.data_dir.resolve()),
-            "build": ckpt.build_info(self.device),
-            "git_commit": git_commit(),
-            "argv": sys.argv,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-
-    def validate(self):
-        if self.blocks is not None:  # the blocks are their own validation set
-            return evaluate_batches(
-                self.forward,
-                block_batches(self.blocks, self.cfg.micro_batch),
-                token_bytes=self.tokenizer.token_bytes_table,
-                device=self.device,
-                dtype=self.cfg.dtype,
-            )
-        return evaluate(
-            self.forward,
-            self.val_stream,
-            self.val_starts,
-            context=self.cfg.context,
-            micro_batch=self.cfg.micro_batch,
-            token_bytes=self.tokenizer.token_bytes_table,
-            device=self.device,
-            dtype=self.cfg.dtype,
-        )
-
-
-def _has_run(out: Path) -> bool:
-    return bool(ckpt.read_latest(out)) or (out / "log.jsonl").exists()
-
-
-class RunLock:
-    """An OS lock on `OUT/.lock` for as long as a trainer uses the folder. The kernel drops it
-    when the process dies, so a lock left by a killed trainer never blocks a resume."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / ".lock"
-        self._fd: int | None = None
-
-    def __enter__(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise OctlmError(
-                f"{self.path.parent} is in use by another trainer (pid {holder})",
-                "wait for it to finish, or choose another --out",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing releases the lock
-            self._fd = None
 
 
 def train(cfg: TrainConfig, log_enabled: bool = True) -> TrainResult:

@@ -66,6 +66,8 @@ def train_step(
     before_backward: Callable[[int], contextlib.AbstractContextManager] | None = None,
     skip_nonfinite: bool = False,
     measure_noise: bool = False,
+    world: int = 1,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> StepResult:
     """Run one step over `micro_batches` (CPU tensors, moved here) and return its numbers.
 
@@ -74,10 +76,14 @@ def train_step(
     loss or norm raises NonFiniteError before the update, unless `skip_nonfinite`.
     `measure_noise` also estimates the gradient noise scale from the micro-batch gradients
     (one extra copy of the grads; the grads themselves are left untouched).
+    With `world` > 1 processes, `reduce_sum` sums across ranks: the target count before any
+    backward (so the gradient is the mean over the global step's real targets) and the loss.
     """
     set_lr(optimizer, lr)
     micro_targets = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
     n_targets = sum(micro_targets)
+    if reduce_sum is not None:
+        n_targets = int(reduce_sum(torch.tensor([n_targets], device=device)).item())
     denom = max(1, n_targets)  # an all-PAD step contributes zero gradient, not NaN
     loss_total = torch.zeros((), device=device, dtype=torch.float32)
     params = (clip_model or model).parameters()
@@ -90,7 +96,9 @@ def train_step(
             with autocast(device, dtype):
                 loss_sum, _ = model(x, y)
             loss = loss_sum / denom  # summed over micro-batches this is the true masked mean
-            (scaler.scale(loss) if scaler else loss).backward()
+            # DDP and FSDP average gradients over ranks; scaling by the world makes it a sum.
+            scaled = loss * world if world > 1 else loss
+            (scaler.scale(scaled) if scaler else scaled).backward()
         loss_total += loss.detach()
         if tracker is not None:
             tracker.after_micro(micro_targets[micro])
@@ -102,6 +110,8 @@ def train_step(
     # The host sync happens here, before the update, so a non-finite step never reaches the
     # weights. With an fp16 scaler, inf gradients are routine (the scaler skips and backs off),
     # so only the loss is checked there.
+    if reduce_sum is not None:
+        loss_total = reduce_sum(loss_total)
     loss_value, norm_value = float(loss_total.item()), float(norm.item())
     if not (math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))):
         optimizer.zero_grad(set_to_none=True)

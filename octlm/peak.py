@@ -1,0 +1,160 @@
+"""`octlm bench peak`: this machine's measured matmul rate, cached for MFU.
+
+Square matmuls of a few sizes, best of repeats, 2 n^3 FLOPs each. The result is stored in
+`$OCTLM_CACHE/peak.json` (default ~/.cache/octlm), keyed by device name, dtype, torch version
+and (on CPU) the intra-op thread count, so `measured_peak` never returns another setup's rate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from octlm.errors import OctlmError
+from octlm.fsutil import atomic_write_bytes
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SIZES = (512, 1024, 2048)
+CACHE_NAME = "peak.json"
+
+
+@dataclass(frozen=True)
+class PeakResult:
+    key: str
+    flops: float
+    """Best FLOP/s over all sizes and repeats."""
+    size: int
+    """The matmul size that reached it."""
+    by_size: dict[int, float]
+    seconds: float
+    """Wall time the measurement took."""
+
+
+def cache_path() -> Path:
+    root = os.environ.get("OCTLM_CACHE") or Path.home() / ".cache" / "octlm"
+    return Path(root) / CACHE_NAME
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:  # Linux: the CPU model; platform.processor() is often empty there
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def cache_key(device: torch.device | str, dtype: str) -> str:
+    device = resolve(device)
+    key = f"{device.type}:{device_name(device)}|{dtype}|torch {torch.__version__}"
+    if device.type == "cpu":  # a GPU's rate does not depend on the host's threads
+        key += f"|threads {torch.get_num_threads()}"
+    return key
+
+
+def resolve(device: torch.device | str) -> torch.device:
+    """ "auto" is cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _check(device: torch.device, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise OctlmError(f"dtype {dtype!r} is unknown", f"use one of {sorted(DTYPES)}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OctlmError(f"device {device} requested but CUDA is not available", "use cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise OctlmError(f"device {device} is not supported here", "use cpu or cuda")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_peak(
+    device: torch.device | str, dtype: str, seconds: float = 5.0, sizes: tuple[int, ...] = SIZES
+) -> PeakResult:
+    """Best matmul FLOP/s within about `seconds`, shared among the sizes (smallest first).
+
+    A size whose single matmul would not fit in the time left (predicted from the best rate so
+    far) is skipped, so a short budget on a slow dtype still returns quickly.
+    """
+    device = resolve(device)
+    _check(device, dtype)
+    if seconds <= 0:
+        raise OctlmError(f"--seconds {seconds} leaves no time to measure", "use --seconds > 0")
+    start = time.perf_counter()
+    gen = torch.Generator(device=device).manual_seed(0)
+    by_size: dict[int, float] = {}
+    best_rate = 0.0
+    for i, n in enumerate(sizes):
+        flop = 2.0 * n**3
+        left = seconds - (time.perf_counter() - start)
+        if by_size and 2 * flop / best_rate > left:
+            break  # its warm-up and one timed run would overrun; larger sizes even more so
+        a = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
+        b = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
+        torch.matmul(a, b)  # warm-up: kernel selection, thread pool, caches
+        _sync(device)
+        deadline = time.perf_counter() + left / (len(sizes) - i)
+        best = float("inf")
+        while True:  # at least one timed run, then more while the next one fits
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            _sync(device)
+            best = min(best, time.perf_counter() - t0)
+            if time.perf_counter() + best > deadline:
+                break
+        by_size[n] = flop / best
+        best_rate = max(best_rate, by_size[n])
+    size = max(by_size, key=by_size.__getitem__)
+    return PeakResult(
+        cache_key(device, dtype), by_size[size], size, by_size, time.perf_counter() - start
+    )
+
+
+def _read_cache() -> dict:
+    path = cache_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no cache yet, or an unreadable one: measured again on the next bench
+    return data if isinstance(data, dict) else {}
+
+
+def store_peak(result: PeakResult) -> Path:
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read_cache()
+    entry = asdict(result)
+    entry["by_size"] = {str(k): v for k, v in result.by_size.items()}
+    entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    data[result.key] = entry
+    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+    return path
+
+
+def measured_peak(device: torch.device | str, dtype: str) -> float | None:
+    """The cached FLOP/s of `octlm bench peak` for this device, dtype, torch and threads."""
+    entry = _read_cache().get(cache_key(device, dtype))
+    flops = entry.get("flops") if isinstance(entry, dict) else None
+    return float(flops) if isinstance(flops, (int, float)) and flops > 0 else None
+
+
+def format_peak(result: PeakResult, path: Path) -> str:
+    sizes = "  ".join(f"{n}: {r / 1e9:,.1f}" for n, r in result.by_size.items())
+    return (
+        f"{result.key}\npeak {result.flops / 1e12:.4g} TFLOP/s ({result.flops:.4g} FLOP/s) at "
+        f"n={result.size}; GFLOP/s by size  {sizes}  ({result.seconds:.1f} s)\nstored in {path}"
+    )

@@ -1,0 +1,135 @@
+"""Multi-process training on torch.distributed: torchrun's environment, DDP and FSDP2 wrapping,
+and the few collectives the loop needs (sums for the masked mean, an agreed stop flag).
+
+Everything is a no-op with one process, so the single-process path computes the same bits
+whether or not this module is involved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from octlm.errors import OctlmError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) and pick the device."""
+    if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        return DistInfo(), _single_device(device_name)
+    info = DistInfo(
+        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    )
+    use_cuda = device_name.startswith("cuda") or (
+        device_name == "auto" and torch.cuda.is_available()
+    )
+    if use_cuda:
+        torch.cuda.set_device(info.local_rank)
+        device = torch.device("cuda", info.local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return info, device
+
+
+def _single_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OctlmError(f"device {name} requested but CUDA is not available", "use --device cpu")
+    return device
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, info: DistInfo, parallel: str, device: torch.device) -> nn.Module:
+    """DDP around the model, or FSDP2 `fully_shard` on every block and the root."""
+    if not info.enabled:
+        return model
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.layers:  # type: ignore[attr-defined]
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def sync_context(
+    wrapped: nn.Module, info: DistInfo, parallel: str, accum: int
+) -> Callable[[int], contextlib.AbstractContextManager] | None:
+    """Gradients synchronise once per optimizer step: skip it on all but the last micro-batch."""
+    if not info.enabled:
+        return None
+    if parallel == "fsdp":
+
+        @contextlib.contextmanager
+        def fsdp_sync(micro: int):
+            wrapped.set_requires_gradient_sync(micro == accum - 1)  # type: ignore[operator]
+            yield
+
+        return fsdp_sync
+    return lambda micro: wrapped.no_sync() if micro < accum - 1 else contextlib.nullcontext()
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum over ranks, in place; the identity with one process."""
+    if info.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def agree(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True on every rank if it is true on any: all ranks stop at the same step."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def gather_objects(obj: object, info: DistInfo) -> list[object]:
+    """Every rank's `obj` (RNG states), in rank order; only used at checkpoints."""
+    if not info.enabled:
+        return [obj]
+    out: list[object] = [None] * info.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
