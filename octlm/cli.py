@@ -59,7 +59,11 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
-_CHOICES = {"model": ("tiny", "small", "main"), "dtype": ("fp32", "bf16", "fp16")}
+_CHOICES = {
+    "model": ("tiny", "small", "main"),
+    "dtype": ("fp32", "bf16", "fp16"),
+    "parallel": ("ddp", "fsdp"),
+}
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
@@ -99,8 +103,13 @@ def _config_from_args(args: argparse.Namespace):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from octlm.train.distributed import launched_by_torchrun
     from octlm.train.loop import train
 
+    if args.nproc is not None and args.nproc < 1:
+        raise OctlmError(f"--nproc {args.nproc} starts no process", "use --nproc 1 or more")
+    if args.nproc and args.nproc > 1 and not launched_by_torchrun():
+        return _torchrun(args.nproc)
     train(_config_from_args(args))
     return 0
 
@@ -163,6 +172,26 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     print(f"wrote {plot_runs(args.runs, args.output, unigram=not args.no_unigram)}")
     return 0
+
+
+def _torchrun(nproc: int) -> int:
+    """`octlm train --nproc N ...`: torchrun --standalone --nproc-per-node N -m octlm train."""
+    import subprocess
+
+    argv = sys.argv[1:]
+    i = next(i for i, a in enumerate(argv) if a == "--nproc" or a.startswith("--nproc="))
+    del argv[i : i + (1 if "=" in argv[i] else 2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "octlm",
+        *argv,
+    ]
+    return subprocess.call(cmd)
 
 
 def _load(args: argparse.Namespace):
@@ -348,6 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="train a model (flags override --config)")
     _add_train_flags(tr)
+    tr.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes on this machine: launches torchrun (gloo on CPU, NCCL on GPU)",
+    )
     tr.set_defaults(handler=_cmd_train)
 
     vr = sub.add_parser("verify-resume", help="check exact resume: straight vs stopped+resumed")

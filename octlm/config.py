@@ -73,6 +73,8 @@ class TrainConfig:
     """Use the fused AdamW kernel."""
     deterministic: bool = False
     """torch.use_deterministic_algorithms(True) plus the CUDA settings it needs."""
+    parallel: str = "ddp"
+    """With several processes (torchrun): ddp (replicated) or fsdp (FSDP2, sharded)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     val_every: int = 20
@@ -130,6 +132,11 @@ class TrainConfig:
         _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
         _check(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)")
         _check(0 <= self.dropout < 1, f"dropout={self.dropout} must be in [0, 1)")
+        _check(
+            self.parallel in ("ddp", "fsdp"),
+            f"parallel {self.parallel!r} is unknown",
+            "use ddp or fsdp",
+        )
         _check(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
         preset_context = PRESETS[self.model].context
         _check(
@@ -150,16 +157,22 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def trajectory(self) -> dict[str, Any]:
-        """The settings that decide the computed numbers (not paths, intervals or logging)."""
+    def trajectory(self, world: int = 1) -> dict[str, Any]:
+        """The settings that decide the computed numbers (not paths, intervals or logging).
+        `accum` counts micro-batches per step over all `world` ranks: the global batch is what
+        the run is, however many processes share it."""
         d = self.to_dict()
         for key in NON_TRAJECTORY_KEYS:
             d.pop(key)
+        d["accum"] = self.accum * world
         return d
 
     @property
     def fingerprint(self) -> str:
         return sha256_json(self.trajectory())
+
+    def fingerprint_for(self, world: int) -> str:
+        return sha256_json(self.trajectory(world))
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -8,7 +8,7 @@ no_grad inside `fork_rng`, so it never moves the training trajectory.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,8 +71,10 @@ def evaluate_batches(
     token_bytes: np.ndarray,
     device: torch.device,
     dtype: str = "fp32",
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> EvalResult:
-    """Loss, perplexity and bits per byte over (inputs, targets) batches; IGNORE targets skip."""
+    """Loss, perplexity and bits per byte over (inputs, targets) batches; IGNORE targets skip.
+    With several ranks each evaluates its share and `reduce_sum` adds the totals."""
     was_training = model.training
     model.eval()
     table = torch.from_numpy(token_bytes.astype(np.int64))
@@ -87,6 +89,10 @@ def evaluate_batches(
             n_tokens += int(count)
             n_bytes += int(table[y[y != IGNORE_INDEX]].sum())
     model.train(was_training)
+    if reduce_sum is not None:
+        totals = torch.tensor([float(nats), n_tokens, n_bytes], dtype=torch.float64)
+        nats_t, tokens_t, bytes_t = reduce_sum(totals.to(device)).cpu().tolist()
+        nats, n_tokens, n_bytes = torch.tensor(nats_t), int(tokens_t), int(bytes_t)
     loss = float(nats) / max(1, n_tokens)
     bpb = float(nats) / (math.log(2) * n_bytes) if n_bytes else float("nan")
     return EvalResult(loss, math.exp(min(loss, 700.0)), bpb, n_tokens, n_bytes)

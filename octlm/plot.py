@@ -72,12 +72,25 @@ def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> 
     for i, s in enumerate(series):
         color = f"C{i % 10}"
         tokens = [r["tokens"] for r in s.steps]
-        ax_loss.plot(tokens, [_num(r["loss"]) for r in s.steps], color=color, lw=0.8,
-                     alpha=0.6, label=f"{s.name} train")
+        ax_loss.plot(
+            tokens,
+            [_num(r["loss"]) for r in s.steps],
+            color=color,
+            lw=0.8,
+            alpha=0.6,
+            label=f"{s.name} train",
+        )
         if s.vals:
             val_tokens = [(v["step"] + 1) * s.tokens_per_step for v in s.vals]
-            ax_loss.plot(val_tokens, [_num(v["val_loss"]) for v in s.vals], color=color,
-                         marker="o", ms=3, lw=1.5, label=f"{s.name} val")
+            ax_loss.plot(
+                val_tokens,
+                [_num(v["val_loss"]) for v in s.vals],
+                color=color,
+                marker="o",
+                ms=3,
+                lw=1.5,
+                label=f"{s.name} val",
+            )
         step_ids = [r["step"] for r in s.steps]
         ax_lr.plot(step_ids, [r["lr"] for r in s.steps], color=color, label=s.name)
         norms = [_num(r["grad_norm"]) for r in s.steps]
@@ -85,19 +98,30 @@ def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> 
         if s.grad_clip > 0:
             clipped = [(st, n) for st, n in zip(step_ids, norms, strict=True) if n > s.grad_clip]
             if clipped:
-                ax_norm.scatter(*zip(*clipped, strict=True), color=color, marker="x", s=18,
-                                label=f"{s.name} clipped ({len(clipped)})")
+                ax_norm.scatter(
+                    *zip(*clipped, strict=True),
+                    color=color,
+                    marker="x",
+                    s=18,
+                    label=f"{s.name} clipped ({len(clipped)})",
+                )
             ax_norm.axhline(s.grad_clip, color=color, ls=":", lw=1)
-        ax_speed.plot(step_ids, [r["tok_per_s"] for r in s.steps], color=color, lw=0.8,
-                      label=s.name)
+        ax_speed.plot(
+            step_ids, [r["tok_per_s"] for r in s.steps], color=color, lw=0.8, label=s.name
+        )
     baseline = unigram_baseline(series) if unigram else None
     if baseline is not None:
-        ax_loss.axhline(baseline, color="gray", ls="--", lw=1,
-                        label=f"unigram entropy {baseline:.2f} nats")
+        ax_loss.axhline(
+            baseline, color="gray", ls="--", lw=1, label=f"unigram entropy {baseline:.2f} nats"
+        )
     ax_loss.set(xlabel="tokens", ylabel="loss (nats/token)", title="loss")
     ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
-    ax_norm.set(xlabel="step", ylabel="global grad norm (before clipping)", yscale="log",
-                title="gradient norm (dotted: clip threshold)")
+    ax_norm.set(
+        xlabel="step",
+        ylabel="global grad norm (before clipping)",
+        yscale="log",
+        title="gradient norm (dotted: clip threshold)",
+    )
     ax_speed.set(xlabel="step", ylabel="tokens/s", title="throughput")
     for ax in axes.flat:
         ax.grid(alpha=0.3)

@@ -51,8 +51,11 @@ def build_info(device: torch.device) -> dict[str, Any]:
     }
 
 
-def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict, dict[str, torch.Tensor]]:
-    sd = optimizer.state_dict()
+def optimizer_to_flat(
+    optimizer: torch.optim.Optimizer | dict,
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(JSON part, tensors) of an optimizer or of its index-keyed state_dict."""
+    sd = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for idx, state in sd["state"].items():
@@ -155,6 +158,17 @@ def load_newest_valid(
             f"none of the {len(entries)} checkpoints in {run_dir / CKPT_DIR} is intact",
             "start a new run in another --out (or delete that folder)",
         )
+    return None
+
+
+def peek_newest_meta(run_dir: Path) -> dict[str, Any] | None:
+    """The newest listed checkpoint's metadata (no tensors, no checks): to plan a resume."""
+    for entry in reversed(read_latest(run_dir)):
+        try:
+            with safe_open(str(run_dir / CKPT_DIR / entry["file"]), framework="pt") as f:
+                return json.loads((f.metadata() or {})["octlm"])
+        except Exception:  # damaged: the real load will say so and fall back
+            continue
     return None
 
 

@@ -85,7 +85,12 @@ def wrap_model(model: nn.Module, info: DistInfo, parallel: str, device: torch.de
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # Buffers (the RoPE tables) are identical everywhere: no need to broadcast them.
+    return DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        forward_sync_buffers=False,
+    )
 
 
 def sync_context(
@@ -133,3 +138,75 @@ def gather_objects(obj: object, info: DistInfo) -> list[object]:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+# -- full (unsharded) state, the same layout whatever the parallelism -------------------------
+# Checkpoints always hold the full model and an index-keyed optimizer state, exactly what a
+# single process writes. Under FSDP every sharded tensor is all-gathered (the full state must
+# fit in one process's memory) and re-sharded on load with the parameter's own placement, so
+# any world size and either wrapper can resume any checkpoint. No DCP, so no pickle.
+
+
+def _full(value):
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _like(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """`full` laid out like `param`: sharded the same way when `param` is a DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        return distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
+    return full
+
+
+def full_model_state(model: nn.Module, info: DistInfo, parallel: str) -> dict[str, torch.Tensor]:
+    """Every weight whole, on every rank (collective under FSDP)."""
+    return {k: _full(v) for k, v in model.state_dict().items()}
+
+
+def full_optim_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    info: DistInfo,
+    parallel: str,
+    names: list[str],
+) -> dict:
+    """`optimizer.state_dict()` with every tensor whole (collective under FSDP)."""
+    sd = optimizer.state_dict()
+    if not _fsdp(info, parallel):
+        return sd
+    return {
+        "state": {i: {k: _full(v) for k, v in st.items()} for i, st in sd["state"].items()},
+        "param_groups": sd["param_groups"],
+    }
+
+
+def load_full_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_sd: dict,
+    optim_sd: dict,
+    info: DistInfo,
+    parallel: str,
+    names: list[str],
+) -> None:
+    """Load full state (every rank read the same file); under FSDP each rank keeps its shard."""
+    if not _fsdp(info, parallel):
+        model.load_state_dict(model_sd)
+        optimizer.load_state_dict(optim_sd)
+        return
+    params = dict(model.named_parameters())
+    model.load_state_dict({k: _like(v, params[k]) for k, v in model_sd.items()})
+    by_index = [params[n] for n in names]
+    state = {
+        int(i): {k: _like(v, by_index[int(i)]) if v.dim() else v for k, v in st.items()}
+        for i, st in optim_sd["state"].items()
+    }
+    optimizer.load_state_dict({"state": state, "param_groups": optim_sd["param_groups"]})
+
+
+def _fsdp(info: DistInfo, parallel: str) -> bool:
+    return info.enabled and parallel == "fsdp"

@@ -7,6 +7,7 @@ run stopped anywhere and resumed in a new process ends with the same bits as a s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ from octlm.hashing import weights_sha256
 from octlm.model import GPT, ModelConfig
 from octlm.runlog import RunLog
 from octlm.train import checkpoint as ckpt
+from octlm.train.distributed import agree, all_reduce_sum, shutdown
 from octlm.train.run import (  # noqa: F401  (re-exported: tools import them from here)
     GPU_PEAK_FLOPS,
     ResumeError,
@@ -72,16 +74,19 @@ class StopFlag:
 
 def train(cfg: TrainConfig, log_enabled: bool = True) -> TrainResult:
     out = Path(cfg.out)
-    created = not out.exists()
+    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 owns the folder
+    created = main and not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with RunLock(out):
-            return _train_locked(cfg, out, log_enabled)
+        with RunLock(out) if main else contextlib.nullcontext():
+            return _train_locked(cfg, out, log_enabled and main)
     except BaseException:
         # A run that failed before writing anything leaves no empty folder behind.
         if created and {p.name for p in out.iterdir()} <= {".lock"}:
             shutil.rmtree(out, ignore_errors=True)
         raise
+    finally:
+        shutdown()
 
 
 def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult:
@@ -89,22 +94,26 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult
         raise OctlmError(
             f"{out} already holds a run", "pass --resume to continue it, or choose another --out"
         )
-    ckpt.remove_stale_temps(out)
+    if log_enabled:
+        ckpt.remove_stale_temps(out)
     run = Run(cfg)
     log = RunLog(out, enabled=log_enabled)
+    say = print if log_enabled else (lambda *a, **k: None)
     resumed = run.resume() if cfg.resume else None
     if resumed is None:
-        log.path.unlink(missing_ok=True)  # a log without a checkpoint holds nothing to keep
+        if log_enabled:
+            log.path.unlink(missing_ok=True)  # a log without a checkpoint holds nothing to keep
         log.open()
         log.write("header", **run.header())
         if cfg.resume:
-            print(f"no checkpoint in {out} yet: starting fresh", file=sys.stderr)
+            say(f"no checkpoint in {out} yet: starting fresh", file=sys.stderr)
     else:
         path, notes = resumed
-        log.truncate_after(run.state.step)
+        if log_enabled:
+            log.truncate_after(run.state.step)
         log.open()
         for note in notes:
-            print(f"octlm: note: {note}", file=sys.stderr)
+            say(f"octlm: note: {note}", file=sys.stderr)
         log.write(
             "event",
             event="resume",
@@ -113,30 +122,43 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult
             build=ckpt.build_info(run.device),
             notes=notes,
         )
-        print(f"resumed from {path} at step {run.state.step}", file=sys.stderr)
+        say(f"resumed from {path} at step {run.state.step}", file=sys.stderr)
     try:
         return _loop(run, log)
     finally:
         log.close()
 
 
+def _nonfinite(log: RunLog, cfg: TrainConfig, step: int, exc: NonFiniteError) -> OctlmError:
+    log.write("event", event="nonfinite", step=step, loss=exc.loss, grad_norm=exc.grad_norm)
+    return OctlmError(
+        f"non-finite loss or gradient norm at step {step} (loss {exc.loss}, "
+        f"grad_norm {exc.grad_norm}); the last good checkpoint in {cfg.out} is kept",
+        "lower --lr, or pass --skip-nonfinite to skip such steps",
+    )
+
+
 def _loop(run: Run, log: RunLog) -> TrainResult:
-    cfg, state = run.cfg, run.state
+    cfg, state, dist = run.cfg, run.state, run.dist
+    tokens_per_step = run.tokens_per_step
     flops = run.model.flops_per_token(cfg.context)
     peak = peak_flops(cfg, run.device)
     end_step = cfg.stop_at if cfg.stop_at is not None else cfg.steps
     session_start, elapsed_before = time.perf_counter(), state.elapsed
+    show = None if cfg.progress is None else cfg.progress
     bar = tqdm(
         total=cfg.steps,
         initial=state.step,
         desc="train",
         unit="step",
-        disable=None if cfg.progress is None else not cfg.progress,
         dynamic_ncols=True,
+        disable=(None if show is None else not show) if dist.is_main else True,
     )
+    reduce = (lambda t: all_reduce_sum(t, dist)) if dist.enabled else None
     last_loss: float | None = None
+    stop_agreed = False
     with StopFlag() as stop, bar:
-        while state.step < end_step and stop.requested is None:
+        while state.step < end_step and not stop_agreed:
             s = state.step
             lr = learning_rate(s, cfg)
             t0 = time.perf_counter()
@@ -154,25 +176,23 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                     dtype=cfg.dtype,
                     scaler=run.scaler,
                     clip_model=run.model,
+                    before_backward=run.sync,
                     skip_nonfinite=cfg.skip_nonfinite,
-                    measure_noise=validating and cfg.accum > 1,
+                    # Per-micro-batch gradients are per-rank under DDP: measure on one process.
+                    measure_noise=validating and cfg.accum > 1 and not dist.enabled,
+                    world=dist.world,
+                    reduce_sum=reduce,
                 )
             except NonFiniteError as exc:
-                log.write(
-                    "event", event="nonfinite", step=s, loss=exc.loss, grad_norm=exc.grad_norm
-                )
-                raise OctlmError(
-                    f"non-finite loss or gradient norm at step {s} (loss {exc.loss}, "
-                    f"grad_norm {exc.grad_norm}); the last good checkpoint in {cfg.out} is kept",
-                    "lower --lr, or pass --skip-nonfinite to skip such steps",
-                ) from None
+                raise _nonfinite(log, cfg, s, exc) from None
             dt = time.perf_counter() - t0
             state.step = run.sampler.step = s + 1
-            state.tokens += cfg.tokens_per_step
+            state.tokens += tokens_per_step
             state.skipped_steps += int(result.skipped)
             state.elapsed = elapsed_before + time.perf_counter() - session_start
-            tok_per_s = cfg.tokens_per_step / dt
+            tok_per_s = tokens_per_step / dt
             last_loss = result.loss
+            skipped = {"skipped": True, "skipped_steps": state.skipped_steps}
             log.write(
                 "step",
                 step=s,
@@ -184,11 +204,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                 tok_per_s=round(tok_per_s, 1),
                 mfu=round(flops * tok_per_s / peak, 5) if peak else None,
                 elapsed=round(state.elapsed, 3),
-                **(
-                    {"skipped": True, "skipped_steps": state.skipped_steps}
-                    if result.skipped
-                    else {}
-                ),
+                **(skipped if result.skipped else {}),
             )
             bar.update(1)
             bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_per_s:,.0f}")
@@ -203,15 +219,24 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                     val_tokens=ev.tokens,
                     noise_scale=result.noise_scale,
                 )
-                bar.write(f"step {s}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}")
+                if dist.is_main:
+                    bar.write(
+                        f"step {s}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}"
+                    )
             hash_every = cfg.val_every if cfg.hash_every is None else cfg.hash_every
             if hash_every and state.step % hash_every == 0 and not finished:
-                log.write("hash", step=s, weights_sha256=weights_sha256(run.model.state_dict()))
-            stopping = stop.requested is not None or state.step == end_step
+                weights = run.full_model_state()  # collective under FSDP
+                if dist.is_main:
+                    log.write("hash", step=s, weights_sha256=weights_sha256(weights))
+            # Every rank must stop at the same step: a signal on any one stops them all.
+            stop_agreed = agree(stop.requested is not None, dist, run.device)
+            stopping = stop_agreed or state.step == end_step
             if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or finished or stopping:
                 run.save()
+    say = print if dist.is_main else (lambda *a, **k: None)
     if state.step == cfg.steps:
-        digest = weights_sha256(run.model.state_dict())
+        weights = run.full_model_state()
+        digest = weights_sha256(weights) if dist.is_main else None
         log.write(
             "end",
             step=state.step,
@@ -219,11 +244,11 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             tokens=state.tokens,
             elapsed=round(state.elapsed, 3),
         )
-        print(f"done: {state.step} steps, weights_sha256 {digest}", file=sys.stderr)
+        say(f"done: {state.step} steps, weights_sha256 {digest}", file=sys.stderr)
         return TrainResult(state.step, digest, False, last_loss)
-    reason = stop.requested or f"stop_at {cfg.stop_at}"
+    reason = stop.requested or ("signal" if stop_agreed else f"stop_at {cfg.stop_at}")
     log.write("event", event="stop", step=state.step, reason=reason)
-    print(
+    say(
         f"stopped at step {state.step} ({reason}), checkpoint saved; continue with the same "
         "command plus --resume",
         file=sys.stderr,

@@ -18,6 +18,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def param_names(model: nn.Module) -> list[str]:
+    """Parameter names in the optimizer's index order (decay group first, as param_groups)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+
+
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),

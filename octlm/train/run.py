@@ -24,12 +24,23 @@ from octlm.data.corpus import read_documents
 from octlm.data.order import Sampler, validation_starts
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
-from octlm.evaluate import block_batches, evaluate, evaluate_batches
+from octlm.evaluate import block_batches, evaluate_batches, stream_batches
 from octlm.hashing import sha256_bytes, sha256_json
 from octlm.model import GPT, preset
 from octlm.tokenizer import Tokenizer
 from octlm.train import checkpoint as ckpt
-from octlm.train.optim import build_optimizer
+from octlm.train.distributed import (
+    all_reduce_sum,
+    barrier,
+    full_model_state,
+    full_optim_state,
+    gather_objects,
+    init_distributed,
+    load_full_state,
+    sync_context,
+    wrap_model,
+)
+from octlm.train.optim import build_optimizer, param_names
 from octlm.train.state import TrainState, capture_rng, restore_rng
 
 # Dense bf16 peaks (FLOP/s) for MFU; a device not listed needs --peak-tflops.
@@ -113,9 +124,10 @@ class Run:
     """The objects of one run, and the checkpoint that captures all of their state."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
         self.out = Path(cfg.out)
-        self.device = resolve_device(cfg.device)
+        self.dist, self.device = init_distributed(cfg.device)
+        self.notes: list[str] = []
+        self.cfg = cfg = self._elastic(cfg) if cfg.resume else cfg
         configure_determinism(cfg, self.device)
         self.data_dir = resolve_data(cfg)
         self.dataset = ShardDataset.open(self.data_dir)
@@ -134,8 +146,10 @@ class Run:
         )
         seed_everything(cfg.seed)
         self.model = GPT(self.model_config).to(self.device)
-        self.forward = torch.compile(self.model) if cfg.compile else self.model
-        self.optimizer = build_optimizer(self.model, cfg)
+        self.wrapped = wrap_model(self.model, self.dist, cfg.parallel, self.device)
+        self.forward = torch.compile(self.wrapped) if cfg.compile else self.wrapped
+        self.optimizer = build_optimizer(self.model, cfg)  # after wrapping: FSDP shards params
+        self.sync = sync_context(self.wrapped, self.dist, cfg.parallel, cfg.accum)
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.dtype == "fp16" else None
         self.blocks = None
         data_fingerprint = self.dataset.fingerprint
@@ -163,6 +177,8 @@ class Run:
                 micro_batch=cfg.micro_batch,
                 accum=cfg.accum,
                 overfit_blocks=cfg.overfit_blocks,
+                rank=self.dist.rank,
+                world=self.dist.world,
             )
         except ValueError as exc:
             raise OctlmError(str(exc), "use more data or a shorter --context") from None
@@ -175,20 +191,53 @@ class Run:
             n = cfg.val_batches * cfg.micro_batch
             self.val_starts = validation_starts(len(self.dataset.val), cfg.context, n)
         self.fingerprints = {
-            "config": cfg.fingerprint,
+            "config": cfg.fingerprint_for(self.dist.world),
             "data": data_fingerprint,
             "tokenizer": self.tokenizer.fingerprint,
         }
 
     # -- checkpoint ---------------------------------------------------------------------------
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights (collective under FSDP; only rank 0 gets them)."""
+        return full_model_state(self.model, self.dist, self.cfg.parallel)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.tokens_per_step * self.dist.world
+
+    def _elastic(self, cfg: TrainConfig) -> TrainConfig:
+        """Resuming with another world size: keep the global batch by adjusting accumulation."""
+        meta = ckpt.peek_newest_meta(self.out)
+        if meta is None or meta.get("world", 1) == self.dist.world:
+            return cfg
+        total = meta["trajectory"]["accum"]  # micro-batches per step over all ranks
+        if total % self.dist.world:
+            raise ResumeError(
+                f"the checkpoint's {total} micro-batches per step do not split over "
+                f"{self.dist.world} processes",
+                "resume with a process count that divides it",
+            )
+        self.notes.append(
+            f"checkpoint written by {meta.get('world', 1)} process(es), resumed by "
+            f"{self.dist.world}: --accum set to {total // self.dist.world} to keep the global "
+            "batch; the data order continues, but sums run in another order (not bitwise)"
+        )
+        return cfg.replace(accum=total // self.dist.world)
+
     def checkpoint_meta_and_tensors(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        optim_meta, optim_tensors = ckpt.optimizer_to_flat(self.optimizer)
-        rng_meta, rng_tensors = capture_rng()
+        """Collective with several ranks (every rank's RNG state is gathered)."""
+        names = param_names(self.model)
+        optim_sd = full_optim_state(self.model, self.optimizer, self.dist, self.cfg.parallel, names)
+        optim_meta, optim_tensors = ckpt.optimizer_to_flat(optim_sd)
+        ranks = gather_objects(capture_rng(), self.dist)
+        rng_meta, rng_tensors = ranks[0]  # type: ignore[misc]
         tensors = {
-            f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()
+            f"model.{k}": v.detach().contiguous() for k, v in self.full_model_state().items()
         }
         tensors.update(optim_tensors)
         tensors.update({f"rng.{k}": v for k, v in rng_tensors.items()})
+        for r, (_, other) in enumerate(ranks[1:], start=1):  # type: ignore[misc]
+            tensors.update({f"rng{r}.{k}": v for k, v in other.items()})
         meta = {
             "train_state": self.state.state_dict(),
             "sampler": self.sampler.state_dict(),
@@ -196,16 +245,21 @@ class Run:
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "rng": rng_meta,
             "fingerprints": self.fingerprints,
-            "trajectory": self.cfg.trajectory(),
+            "trajectory": self.cfg.trajectory(self.dist.world),
             "config": self.cfg.to_dict(),
             "model_config": self.model_config.to_dict(),
             "data_dir": str(self.data_dir.resolve()),
             "build": ckpt.build_info(self.device),
+            "world": self.dist.world,
+            "rng_ranks": [m for m, _ in ranks[1:]],  # type: ignore[misc]
         }
         return meta, tensors
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
         meta, tensors = self.checkpoint_meta_and_tensors()
+        if not self.dist.is_main:  # one file, written by rank 0; the others wait for it
+            barrier(self.dist)
+            return None
         path = ckpt.save_checkpoint(
             self.out, self.state.step, meta, tensors, keep_last=self.cfg.keep_last
         )
@@ -226,6 +280,7 @@ class Run:
                     "data_dir": meta["data_dir"],
                 },
             )
+        barrier(self.dist)
         return path
 
     def resume(self) -> tuple[Path, list[str]] | None:
@@ -239,7 +294,7 @@ class Run:
                 continue
             detail = ""
             if kind == "config":
-                changes = changed_keys(meta["trajectory"], self.cfg.trajectory())
+                changes = changed_keys(meta["trajectory"], self.cfg.trajectory(self.dist.world))
                 detail = ": " + "; ".join(changes)
                 if self.cfg.allow_config_change:
                     notes.append(
@@ -260,17 +315,29 @@ class Run:
                 "resuming on a different build (" + "; ".join(diff) + "): bitwise "
                 "equality with an uninterrupted run is no longer promised"
             )
-        self.model.load_state_dict(ckpt.split_tensors(tensors, "model."))
-        self.optimizer.load_state_dict(
-            ckpt.optimizer_from_flat(meta["optimizer"], ckpt.split_tensors(tensors, "optim."))
+        load_full_state(
+            self.model,
+            self.optimizer,
+            ckpt.split_tensors(tensors, "model."),
+            ckpt.optimizer_from_flat(meta["optimizer"], ckpt.split_tensors(tensors, "optim.")),
+            self.dist,
+            self.cfg.parallel,
+            param_names(self.model),
         )
         if self.scaler is not None and meta["scaler"]:
             self.scaler.load_state_dict(meta["scaler"])
         self.state.load_state_dict(meta["train_state"])
         self.sampler.load_state_dict(meta["sampler"])
-        restore_rng(
-            meta["rng"], ckpt.split_tensors(tensors, "rng.")
-        )  # last: nothing may draw after
+        notes = self.notes + notes
+        # Last: nothing may draw after. Each rank gets its own generators back.
+        if meta.get("world", 1) == self.dist.world:
+            r = self.dist.rank
+            rng_meta = meta["rng"] if r == 0 else meta["rng_ranks"][r - 1]
+            prefix = "rng." if r == 0 else f"rng{r}."
+            restore_rng(rng_meta, ckpt.split_tensors(tensors, prefix))
+        else:  # no state for this rank layout: derive fresh, distinct generators
+            seed_everything(self.cfg.seed * 1000 + self.dist.rank + self.state.step)
+            notes.append("random generators re-seeded for the new process count")
         return path, notes
 
     def header(self) -> dict[str, Any]:
@@ -279,7 +346,8 @@ class Run:
             "model_config": self.model_config.to_dict(),
             "params": self.model.num_params(),
             "params_non_embedding": self.model.num_params(non_embedding=True),
-            "tokens_per_step": self.cfg.tokens_per_step,
+            "tokens_per_step": self.tokens_per_step,
+            "world": self.dist.world,
             "flops_per_token": self.model.flops_per_token(self.cfg.context),
             "fingerprints": self.fingerprints,
             "data_dir": str(self.data_dir.resolve()),
@@ -290,23 +358,40 @@ class Run:
         }
 
     def validate(self):
+        # DDP: each rank scores its share with the plain module (no collectives in forward) and
+        # the totals are summed. FSDP must run the sharded module on every rank in lockstep,
+        # so each rank scores everything.
+        split = self.dist.enabled and self.cfg.parallel == "ddp"
+        model = self.model if split else self.forward
+        reduce = (lambda t: all_reduce_sum(t, self.dist)) if split else None
+        rank, world = (self.dist.rank, self.dist.world) if split else (0, 1)
         if self.blocks is not None:  # the blocks are their own validation set
+            mine = TokenBlocks(
+                *(
+                    t[rank::world]
+                    for t in (self.blocks.inputs, self.blocks.targets, self.blocks.byte_lengths)
+                )
+            )
             return evaluate_batches(
-                self.forward,
-                block_batches(self.blocks, self.cfg.micro_batch),
+                model,
+                block_batches(mine, self.cfg.micro_batch),
+                reduce_sum=reduce,
                 token_bytes=self.tokenizer.token_bytes_table,
                 device=self.device,
                 dtype=self.cfg.dtype,
             )
-        return evaluate(
-            self.forward,
-            self.val_stream,
-            self.val_starts,
-            context=self.cfg.context,
-            micro_batch=self.cfg.micro_batch,
+        return evaluate_batches(
+            model,
+            stream_batches(
+                self.val_stream,
+                self.val_starts[rank::world],
+                self.cfg.context,
+                self.cfg.micro_batch,
+            ),
             token_bytes=self.tokenizer.token_bytes_table,
             device=self.device,
             dtype=self.cfg.dtype,
+            reduce_sum=reduce,
         )
 
 

@@ -107,6 +107,8 @@ def train_step(
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = clip_grad_norm(clip_model or model, grad_clip)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
+        norm = norm.full_tensor()
     # The host sync happens here, before the update, so a non-finite step never reaches the
     # weights. With an fp16 scaler, inf gradients are routine (the scaler skips and backs off),
     # so only the loss is checked there.

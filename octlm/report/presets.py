@@ -1,0 +1,63 @@
+"""Schedule presets for the playground: lr, warmup, steps and min_lr_ratio of each config.
+
+Read at report time from the project's `configs/*.toml` (beside the package in a checkout, or
+under the current folder), keys a file leaves out taking TrainConfig's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from octlm.config import ConfigError, TrainConfig, load_toml
+
+SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio")
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def schedule_defaults() -> dict[str, Any]:
+    # The dataclass defaults, without constructing TrainConfig (its check imports torch).
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    return {k: defaults[k] for k in SCHEDULE_KEYS}
+
+
+def config_dirs() -> list[Path]:
+    """Folders searched for `*.toml`: the checkout's `configs/`, then `./configs`."""
+    found: list[Path] = []
+    for d in (REPO_CONFIGS, Path.cwd() / "configs"):
+        if d.is_dir() and d.resolve() not in found:
+            found.append(d.resolve())
+    return found
+
+
+def schedule_of(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The four schedule settings over the defaults; None if one is not a usable number."""
+    merged = {**schedule_defaults(), **{k: values[k] for k in SCHEDULE_KEYS if k in values}}
+    ints_ok = all(_is_int(merged[k]) and merged[k] >= 0 for k in ("warmup", "steps"))
+    floats_ok = all(_is_number(merged[k]) for k in ("lr", "min_lr_ratio"))
+    if not (ints_ok and floats_ok and merged["steps"] > 0):
+        return None
+    return {**merged, "lr": float(merged["lr"]), "min_lr_ratio": float(merged["min_lr_ratio"])}
+
+
+def schedule_presets(dirs: list[Path] | None = None) -> list[dict[str, Any]]:
+    """One preset per readable config file, sorted by name: {name, source, lr, warmup, ...}."""
+    presets = []
+    for d in config_dirs() if dirs is None else dirs:
+        for path in sorted(d.glob("*.toml")):
+            try:
+                schedule = schedule_of(load_toml(path))
+            except ConfigError:
+                continue  # a broken file is the trainer's to report, not the page's
+            if schedule is not None and all(p["name"] != path.stem for p in presets):
+                presets.append({"name": path.stem, "source": str(path), **schedule})
+    return presets
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,143 @@
+"""Read a run folder into the plain data the report page draws: columns, not records.
+
+Tolerant where a crash can leave marks (a line cut short is skipped and counted) and strict
+where the input is not a run at all (no log, no header): that is a one-line `OctlmError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from octlm.errors import OctlmError
+from octlm.runlog import LOG_NAME
+
+SAMPLES_NAME = "samples.txt"
+STEP_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s", "mfu")
+VAL_FIELDS = ("step", "val_loss", "val_ppl", "val_bpb")
+HEADER_FIELDS = (
+    "config",
+    "model_config",
+    "params",
+    "params_non_embedding",
+    "tokens_per_step",
+    "fingerprints",
+    "data_dir",
+    "build",
+    "git_commit",
+    "argv",
+    "time",
+)
+
+
+def number(value: Any) -> float | int | None:
+    """A finite number, or None (a gap in a chart): the log writes NaN/inf as strings."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def log_path(run: str | Path) -> Path:
+    """The log of a run folder, or the log file itself; an error when there is none."""
+    path = Path(run)
+    if path.is_dir():
+        path = path / LOG_NAME
+    if not path.is_file():
+        raise OctlmError(
+            f"no run log at {path}",
+            "pass a run folder written by `octlm train` (it holds log.jsonl)",
+        )
+    return path
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The log's records, and how many lines were unreadable (cut short by a crash)."""
+    records, bad = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                bad += 1
+    return records, bad
+
+
+def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
+    """One run as columns (`steps`, `val`), its header fields, events, end record and samples."""
+    path = log_path(run)
+    records, bad = read_records(path)
+    headers = [r for r in records if r.get("type") == "header"]
+    if not headers:
+        raise OctlmError(
+            f"{path} has no header record", "pass the log of a run written by `octlm train`"
+        )
+    header = headers[0]
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_type.setdefault(str(r.get("type")), []).append(r)
+    steps = sorted(by_type.get("step", []), key=lambda r: r.get("step", 0))
+    tokens_at = {r.get("step"): r.get("tokens") for r in steps}
+    per_step = header.get("tokens_per_step")
+    vals = sorted(by_type.get("val", []), key=lambda r: r.get("step", 0))
+    val = {k: [number(r.get(k)) for r in vals] for k in VAL_FIELDS}
+    # A validation after step s has seen the tokens of steps 0..s.
+    val["tokens"] = [
+        tokens_at.get(r.get("step")) or _tokens_after(r.get("step"), per_step) for r in vals
+    ]
+    config = header.get("config") if isinstance(header.get("config"), dict) else {}
+    folder = path.parent
+    return {
+        "name": name or folder.name,
+        "path": str(folder.resolve()),
+        **{k: header.get(k) for k in HEADER_FIELDS},
+        "grad_clip": number(config.get("grad_clip")) or 0,
+        "steps": {k: [number(r.get(k)) for r in steps] for k in STEP_FIELDS},
+        "skipped": [r.get("step") for r in steps if r.get("skipped")],
+        "val": val,
+        "events": [_event(r) for r in by_type.get("event", [])],
+        "end": (by_type.get("end") or [None])[-1],
+        "samples": _samples(folder, by_type.get("sample", [])),
+        "bad_lines": bad,
+    }
+
+
+def _tokens_after(step: Any, per_step: Any) -> int | None:
+    if isinstance(step, int) and isinstance(per_step, int):
+        return (step + 1) * per_step
+    return None
+
+
+def _event(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k != "type"}
+
+
+def _samples(folder: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Generated text: `samples.txt` beside the log, and `sample` records (text, step) in it."""
+    samples = []
+    file = folder / SAMPLES_NAME
+    if file.is_file():
+        text = file.read_text(encoding="utf-8", errors="replace").strip()
+        if text:
+            samples.append({"source": SAMPLES_NAME, "text": text})
+    for r in records:
+        if isinstance(r.get("text"), str):
+            samples.append({"source": f"log, step {r.get('step', '?')}", "text": r["text"]})
+    return samples
+
+
+def load_runs(runs: list[str | Path]) -> list[dict[str, Any]]:
+    """Several runs; names are folder names, made longer (parent/name) where two collide."""
+    paths = [log_path(r).parent for r in runs]
+    short = [p.name for p in paths]
+    names = [f"{p.parent.name}/{p.name}" if short.count(p.name) > 1 else p.name for p in paths]
+    names = [n if names.count(n) == 1 else f"{n} ({i + 1})" for i, n in enumerate(names)]
+    return [load_run(r, n) for r, n in zip(runs, names, strict=True)]
