@@ -44,6 +44,15 @@ def load_series(run: str | Path) -> RunSeries:
     return RunSeries(path.name, headers[0], steps, vals)
 
 
+def clipped_points(s: RunSeries) -> list[tuple[int, float]]:
+    """(step, norm) of the steps whose pre-clip norm exceeded the threshold (were shortened)."""
+    if s.grad_clip <= 0:
+        return []
+    return [
+        (r["step"], _num(r["grad_norm"])) for r in s.steps if _num(r["grad_norm"]) > s.grad_clip
+    ]
+
+
 def unigram_baseline(series: list[RunSeries]) -> float | None:
     """The unigram entropy of the first run's validation data, if that data is still there."""
     from octlm.analyze import unigram_entropy
@@ -96,7 +105,7 @@ def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> 
         norms = [_num(r["grad_norm"]) for r in s.steps]
         ax_norm.plot(step_ids, norms, color=color, lw=0.8, label=s.name)
         if s.grad_clip > 0:
-            clipped = [(st, n) for st, n in zip(step_ids, norms, strict=True) if n > s.grad_clip]
+            clipped = clipped_points(s)
             if clipped:
                 ax_norm.scatter(
                     *zip(*clipped, strict=True),

@@ -1,0 +1,119 @@
+"""`octlm plot` on real tiny runs: a PNG with every panel, several runs overlaid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from octlm.errors import OctlmError
+from octlm.plot import clipped_points, load_series, plot_runs, unigram_baseline
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dataset, tmp_path_factory) -> list[Path]:
+    out = []
+    for seed, clip in ((1, "1.0"), (2, "0.5")):
+        run = tmp_path_factory.mktemp("plot") / f"seed{seed}"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "octlm",
+                "train",
+                "--model",
+                "tiny",
+                "--data",
+                str(tiny_dataset),
+                "--out",
+                str(run),
+                "--steps",
+                "6",
+                "--warmup",
+                "2",
+                "--context",
+                "32",
+                "--micro-batch",
+                "2",
+                "--accum",
+                "2",
+                "--dtype",
+                "fp32",
+                "--val-every",
+                "2",
+                "--val-batches",
+                "1",
+                "--grad-clip",
+                clip,
+                "--seed",
+                str(seed),
+                "--no-progress",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        out.append(run)
+    return out
+
+
+def test_plot_writes_a_png_with_all_panels(runs, tmp_path) -> None:
+    import matplotlib.image
+
+    png = tmp_path / "sub" / "runs.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "octlm", "plot", *map(str, runs), "-o", str(png)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] > 500 and image.shape[1] > 800
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_series_and_baseline(runs, tiny_dataset) -> None:
+    series = load_series(runs[0])
+    assert [r["step"] for r in series.steps] == list(range(6))
+    assert [v["step"] for v in series.vals] == [1, 3, 5]
+    assert series.grad_clip == 1.0 and series.tokens_per_step == 2 * 2 * 32
+    baseline = unigram_baseline([series])
+    assert baseline is not None and 0 < baseline < 6.3  # below ln(512)
+
+
+def test_clipped_steps_are_marked(runs, tmp_path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    series = load_series(runs[1])
+    expected = [(r["step"], r["grad_norm"]) for r in series.steps if r["grad_norm"] > 0.5]
+    assert expected, "a 0.5 threshold clips the first steps of a fresh model"
+    assert clipped_points(series) == expected
+    unclipped = load_series(runs[0])
+    assert all(n > 1.0 for _, n in clipped_points(unclipped))
+    plot_runs([runs[1]], tmp_path / "one.png")
+    plt.close("all")
+
+
+def test_plot_bad_input(tmp_path) -> None:
+    with pytest.raises(OctlmError, match="no run log"):
+        plot_runs([tmp_path], tmp_path / "x.png")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octlm",
+            "plot",
+            str(tmp_path / "nope"),
+            "-o",
+            str(tmp_path / "x.png"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and proc.stderr.startswith("octlm: error: no run log")
+    assert "Traceback" not in proc.stderr
