@@ -112,8 +112,15 @@ def git_commit() -> str | None:
 
 
 def peak_flops(cfg: TrainConfig, device: torch.device) -> float | None:
+    """--peak-tflops, else the peak `octlm bench peak` measured on this machine, else a table of
+    known GPUs; None (no MFU in the log) when none applies."""
+    from octlm.peak import measured_peak
+
     if cfg.peak_tflops:
         return cfg.peak_tflops * 1e12
+    measured = measured_peak(device, cfg.dtype)
+    if measured:
+        return measured
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         return next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
