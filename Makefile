@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.octlm-installed
 DEMO := runs/demo
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean browser
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The main job on the embedded corpus: prepare, train tiny stopped halfway and resumed, the same
-# run straight through, then evaluate, sample, and check the two runs' weights are identical.
+# run straight through, then evaluate, sample, and check the two runs' weights are identical;
+# last, a plot ($(DEMO)/loss.png) and one HTML report of both runs ($(DEMO)/report.html).
 demo: $(STAMP)
 	rm -rf $(DEMO)/split $(DEMO)/straight
 	$(BIN)/octlm prepare --out $(DEMO)/data --vocab-size 4096 --force
@@ -24,14 +25,26 @@ demo: $(STAMP)
 	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/split --resume
 	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/straight
 	$(BIN)/octlm eval $(DEMO)/split
-	$(BIN)/octlm generate $(DEMO)/split --prompt "ROMEO:" --max-new-tokens 60
+	$(BIN)/octlm generate $(DEMO)/split --prompt "ROMEO:" --max-new-tokens 60 > $(DEMO)/split/samples.txt
+	@cat $(DEMO)/split/samples.txt
 	@a=$$($(BIN)/octlm hash $(DEMO)/split | cut -d' ' -f1); \
 	 b=$$($(BIN)/octlm hash $(DEMO)/straight | cut -d' ' -f1); \
 	 echo "weights_sha256 stopped+resumed: $$a"; echo "weights_sha256 straight:        $$b"; \
 	 if [ "$$a" = "$$b" ]; then echo "identical: the resumed run ends bit for bit where the straight run does"; \
 	 else echo "DIFFERENT: resume was not exact"; exit 1; fi
+	$(BIN)/octlm plot $(DEMO)/split $(DEMO)/straight -o $(DEMO)/loss.png
+	$(BIN)/octlm report $(DEMO)/split $(DEMO)/straight -o $(DEMO)/report.html
 
-test: $(STAMP)
+# Best effort, for the report's browser tests (they skip without it): Debian's Chromium, only
+# when missing and only as root with apt-get. A failure here never fails `make test`.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing chromium for the browser tests (best effort, about 30 s)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+	    >/dev/null 2>&1 || echo "chromium was not installed: the browser tests will be skipped"; \
+	fi
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

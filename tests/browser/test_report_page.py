@@ -1,0 +1,250 @@
+"""The report of real tiny runs (one stopped and resumed, one straight) in headless Chromium.
+
+Debian's /usr/bin/chromium, driven by Playwright for Python (never a downloaded browser): the
+page draws without console errors or requests, hover read-outs show logged values, the x-axis
+toggle and the playground sliders redraw. Skipped, with the reason, without Chromium or
+Playwright. A screenshot goes to test-artifacts/report.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from octlm.train.schedule import learning_rate
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+STEPS, STOP, CLIP = 12, 5, 1.0
+SAMPLE = "ROMEO: But soft </script><b>not bold</b>\nJULIET: & so on"
+
+
+def octlm_cmd(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "octlm", *map(str, args)]
+
+
+def train_cmd(data: Path, out: Path, *extra: str) -> list[str]:
+    flags = "--model tiny --steps 12 --warmup 3 --lr 3e-3 --context 32 --micro-batch 2 --accum 2"
+    flags += " --val-every 3 --val-batches 2 --ckpt-every 4 --dtype fp32 --no-progress"
+    return octlm_cmd("train", "--data", data, "--out", out, *flags.split(), *extra)
+
+
+def run_ok(cmd: list[str]) -> str:
+    env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}  # never prepare implicitly
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dataset: Path, tmp_path_factory) -> dict[str, Path]:
+    """`split` (stopped at step 5, resumed, with a samples.txt) and `straight`, as `make demo`."""
+    root = tmp_path_factory.mktemp("report_runs")
+    split, straight = root / "split", root / "straight"
+    env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}
+    # The straight run in parallel with the split one: each process mostly waits on start-up.
+    background = subprocess.Popen(
+        train_cmd(tiny_dataset, straight),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    run_ok(train_cmd(tiny_dataset, split, "--stop-at", str(STOP)))
+    run_ok(train_cmd(tiny_dataset, split, "--resume"))
+    _, err = background.communicate(timeout=300)
+    assert background.returncode == 0, err[-3000:]
+    (split / "samples.txt").write_text(SAMPLE + "\n", encoding="utf-8")
+    return {"split": split, "straight": straight}
+
+
+@pytest.fixture(scope="module")
+def report(runs: dict[str, Path], tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "pages" / "report.html"
+    stdout = run_ok(octlm_cmd("report", runs["split"], runs["straight"], "-o", out))
+    assert f"wrote {out}" in stdout
+    return out
+
+
+def embedded(html_path: Path) -> dict:
+    html = html_path.read_text(encoding="utf-8")
+    return json.loads(re.search(r'id="octlm-data">(.*?)</script>', html, re.S).group(1))
+
+
+def logged(run: Path, kind: str) -> list[dict]:
+    lines = (run / "log.jsonl").read_text(encoding="utf-8").splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def test_report_embeds_the_real_runs(report: Path, runs: dict[str, Path]) -> None:
+    split, straight = embedded(report)["runs"]
+    assert (split["name"], straight["name"]) == ("split", "straight")
+    assert split["steps"]["step"] == straight["steps"]["step"] == list(range(STEPS))
+    assert split["steps"]["loss"] == [r["loss"] for r in logged(runs["split"], "step")]
+    assert [(e["event"], e["step"]) for e in split["events"]] == [("resume", STOP)]
+    assert straight["events"] == [] and straight["samples"] == []
+    assert split["end"]["weights_sha256"] == straight["end"]["weights_sha256"]  # exact resume
+    assert split["samples"] == [{"source": "samples.txt", "text": SAMPLE}]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"{CHROMIUM} is missing (Debian's chromium; `make test` installs it as root): "
+            "the report is not checked in a browser"
+        )
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright (the dev extra) is not installed"
+    )
+    with sync_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),  # a fresh user-data-dir
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        yield context
+        context.close()
+
+
+def open_page(browser, path: Path) -> SimpleNamespace:
+    """The page at `path`, with its console errors, uncaught exceptions and network requests."""
+    seen = SimpleNamespace(errors=[], requests=[])
+    page = browser.new_page()
+    page.on("console", lambda m: seen.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: seen.errors.append(str(exc)))
+    page.on("request", lambda r: seen.requests.append(r.url))
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+    seen.page = page
+    return seen
+
+
+def js_number(value: float) -> str:
+    """What the page's fmtValue shows for a loss: 5 significant digits, shortest form."""
+    text = repr(float(f"{value:.5g}"))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def hover(page, selector: str, fraction: float) -> str:
+    """Move the mouse over the chart's plot at `fraction` of its width; the tooltip's text."""
+    box = page.locator(f"{selector} rect.overlay").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * fraction, box["y"] + box["height"] / 2)
+    tip = page.locator(f"{selector} .tip")
+    tip.wait_for(state="visible")
+    return tip.inner_text()
+
+
+def test_report_draws_every_chart_without_errors(browser, report, runs) -> None:
+    seen = open_page(browser, report)
+    page = seen.page
+    count = lambda css: page.locator(css).count()  # noqa: E731
+    assert count("#chart-loss path.series[data-n='12']") == 2  # both runs' train loss
+    vals = len(logged(runs["split"], "val"))
+    assert count("#chart-loss circle.point") == 2 * vals
+    assert count("#chart-loss line.vline") == 1  # the resume
+    clipped = sum(r["grad_norm"] > CLIP for run in runs.values() for r in logged(run, "step"))
+    assert clipped > 0 and count("#chart-grad circle.point") == clipped
+    assert count("#chart-grad line.hline") == 1  # one threshold line for the two runs
+    for chart in ("lr", "speed", "sched"):
+        assert count(f"#chart-{chart} path.series") >= 1
+    assert count("#chart-clip rect.bar") == 80  # 40 steps, before and after
+    assert page.locator("#card-mfu").is_hidden()  # no MFU on a CPU
+    assert count("#summary tbody tr") == 2
+    assert "resume" in page.locator("#events").inner_text()
+    assert page.locator("#samples pre").inner_text() == SAMPLE  # as text, never as HTML
+    assert page.locator("#samples b").count() == 0
+    assert page.locator("#js-error").is_hidden()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    assert seen.errors == []
+    assert all(u.startswith(("file:", "data:")) for u in seen.requests), seen.requests
+    page.close()
+
+
+def test_hover_over_the_loss_shows_the_logged_value(browser, report, runs) -> None:
+    seen = open_page(browser, report)
+    lines = hover(seen.page, "#chart-loss", 0.4).splitlines()
+    step = int(lines[0].removeprefix("step "))
+    loss = {r["step"]: r["loss"] for r in logged(runs["split"], "step")}[step]
+    assert f"split train: {js_number(loss)}" in lines
+    seen.page.click("#x-tokens")  # the same chart against tokens
+    lines = hover(seen.page, "#chart-loss", 0.4).splitlines()
+    tokens = int(lines[0].removeprefix("tokens ").replace(",", ""))
+    assert tokens % (2 * 2 * 32) == 0 and any(s.startswith("split train: ") for s in lines)
+    assert seen.errors == []
+    seen.page.close()
+
+
+def test_schedule_sliders_redraw_and_match_python(browser, report) -> None:
+    seen = open_page(browser, report)
+    page = seen.page
+    tiny = page.locator("#sched-preset option", has_text="tiny (").get_attribute("value")
+    page.select_option("#sched-preset", tiny)
+    cfg = {"lr": 3e-3, "warmup": 20, "steps": 200, "min_lr_ratio": 0.1}
+    steps = [0, 19, 20, 21, 110, 199, 200, 300]
+    in_browser = page.evaluate("([c, s]) => s.map((k) => learningRate(k, c))", [cfg, steps])
+    assert in_browser == [learning_rate(s, SimpleNamespace(**cfg)) for s in steps]
+    path = page.locator("#chart-sched path.series")
+    before = path.get_attribute("d")
+    for _ in range(5):
+        page.locator("#sched-floor").press("ArrowRight")  # 0.10 -> 0.15, as a user would
+    assert page.locator("#sched-floor-out").inner_text() == "0.15"
+    after = path.get_attribute("d")
+    assert after != before
+    page.locator("#sched-warmup").press("End")  # warmup = steps: all ramp, no cosine
+    assert path.get_attribute("d") not in (before, after)
+    assert page.locator("#sched-warmup-out").inner_text() == "200"
+    assert seen.errors == []
+    page.close()
+
+
+def test_clipping_slider_shows_which_steps_are_shortened(browser, report) -> None:
+    seen = open_page(browser, report)
+    page = seen.page
+    norms = page.evaluate("MADE_UP_NORMS")
+    readout = page.locator("#clip-readout")
+    assert f"{sum(n > 1 for n in norms)} of 40 steps shortened" in readout.inner_text()
+    spike = max(range(40), key=lambda i: norms[i])
+    assert (
+        f"step {spike}: {norms[spike]:.2f} → 1.00 (×{1 / norms[spike]:.3f}" in readout.inner_text()
+    )
+    page.locator("#clip-c").press("End")  # threshold 5: above the spike, nothing clipped
+    assert "0 of 40 steps shortened" in readout.inner_text()
+    page.locator("#clip-c").press("Home")  # 0 = clipping off, as grad_clip 0
+    assert "clipping off" in readout.inner_text()
+    assert seen.errors == []
+    page.close()
+
+
+def test_playground_page_alone(browser, tmp_path: Path) -> None:
+    out = tmp_path / "playground.html"
+    run_ok(octlm_cmd("playground", "-o", out))
+    seen = open_page(browser, out)
+    page = seen.page
+    assert page.locator("#runs").count() == 0
+    assert page.locator("#chart-sched path.series").count() == 1
+    assert "lr" in hover(page, "#chart-sched", 0.5)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+    assert seen.errors == [] and all(u.startswith("file:") for u in seen.requests)
+    page.close()

@@ -1,0 +1,244 @@
+"""Tests for `octlm report` / `octlm playground` without a browser: the JavaScript schedule
+against Python's (in node), the run data, the escaping of the embedded JSON, and bad input.
+
+The pages in a real browser: tests/browser/test_report_page.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from octlm.cli import main
+from octlm.config import load_toml
+from octlm.report import report as page
+from octlm.report.presets import schedule_defaults, schedule_presets
+from octlm.report.runs import load_run, load_runs
+from octlm.runlog import RunLog
+from octlm.train.schedule import learning_rate
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEDULE_JS = REPO / "octlm" / "report" / "assets" / "schedule.js"
+SHIPPED = sorted((REPO / "configs").glob("*.toml"))
+NODE = shutil.which("node")
+EVIL = "</script><script>alert(1)</script><!-- \u2028 & </SCRIPT >"
+
+# Reads [[cfg, step], ...] as JSON on stdin; prints learningRate for each (shortest round trip).
+NODE_PROGRAM = """
+const { learningRate } = require(process.argv[1]);
+let input = "";
+process.stdin.on("data", (c) => (input += c)).on("end", () => {
+  const cases = JSON.parse(input);
+  process.stdout.write(JSON.stringify(cases.map(([cfg, step]) => learningRate(step, cfg))));
+});
+"""
+
+
+def js_rates(cases: list[tuple[dict, int]]) -> list[float]:
+    if NODE is None:
+        pytest.skip("node is not installed: the JavaScript schedule cannot be compared")
+    result = subprocess.run(
+        [NODE, "-e", NODE_PROGRAM, str(SCHEDULE_JS)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def schedule(path: Path) -> dict:
+    values = {**schedule_defaults(), **load_toml(path)}
+    return {k: values[k] for k in ("lr", "warmup", "steps", "min_lr_ratio")}
+
+
+def edge_steps(cfg: dict) -> list[int]:
+    w, n = cfg["warmup"], cfg["steps"]
+    # Warmup edges, the cosine's midpoint, the run's middle, the end and past it.
+    return sorted({0, max(0, w - 1), w, w + 1, w + (n - w) // 2, n // 2, n - 1, n, n + 1, n + 100})
+
+
+EDGE_CONFIGS = [
+    {"lr": 1e-3, "warmup": 0, "steps": 10, "min_lr_ratio": 0.1},  # no warmup: starts at the peak
+    {"lr": 1e-3, "warmup": 10, "steps": 10, "min_lr_ratio": 0.1},  # all warmup: max(1, 0)
+    {"lr": 6e-4, "warmup": 0, "steps": 1, "min_lr_ratio": 0.0},
+    {"lr": 3e-3, "warmup": 7, "steps": 33, "min_lr_ratio": 1.0},  # flat after warmup
+    {"lr": 1, "warmup": 3, "steps": 9, "min_lr_ratio": 0},  # integers, as TOML may give them
+]
+
+
+@pytest.mark.parametrize("cfg", [schedule(p) for p in SHIPPED] + EDGE_CONFIGS)
+def test_js_learning_rate_equals_python_exactly_at_the_edges(cfg: dict) -> None:
+    steps = edge_steps(cfg)
+    expected = [learning_rate(s, SimpleNamespace(**cfg)) for s in steps]
+    assert js_rates([(cfg, s) for s in steps]) == expected  # the same doubles, bit for bit
+
+
+def test_js_learning_rate_within_1e15_at_every_step_of_the_shipped_configs() -> None:
+    # Math.cos (V8) and the C library's cos may round a few arguments differently (1 ulp of the
+    # cosine): exact at the edges above, relatively within 1e-15 everywhere.
+    cases = [(c, s) for c in map(schedule, SHIPPED) for s in range(c["steps"] + 2)]
+    got = js_rates(cases)
+    for (cfg, s), js in zip(cases, got, strict=True):
+        py = learning_rate(s, SimpleNamespace(**cfg))
+        assert abs(js - py) <= 1e-15 * abs(py), (cfg, s, js, py)
+
+
+def test_every_shipped_config_is_a_preset_with_its_schedule() -> None:
+    presets = {p["name"]: p for p in schedule_presets()}
+    assert {p.stem for p in SHIPPED} <= set(presets)
+    for path in SHIPPED:
+        assert {k: presets[path.stem][k] for k in schedule(path)} == schedule(path)
+    assert presets["tiny"]["min_lr_ratio"] == 0.1  # left out of tiny.toml: the default
+
+
+def write_run(folder: Path, steps: int = 6, clip: float = 1.0, **header) -> Path:
+    """A log as the trainer writes one: header, steps (one non-finite), vals, a resume, end."""
+    log = RunLog(folder)
+    log.open()
+    config = {"steps": steps, "warmup": 2, "lr": 1e-3, "min_lr_ratio": 0.1, "grad_clip": clip}
+    log.write("header", config=config, tokens_per_step=64, params=1000, **header)
+    for s in range(steps):
+        loss = float("nan") if s == 2 else 5.0 - s / 10
+        log.write(
+            "step",
+            step=s,
+            loss=loss,
+            lr=1e-3,
+            grad_norm=0.5 + s / 4,
+            tokens=64 * (s + 1),
+            dt=0.1,
+            tok_per_s=640.0,
+            mfu=None,
+            elapsed=0.1 * (s + 1),
+        )
+        if s % 2 == 1:
+            log.write("val", step=s, val_loss=5.5 - s / 10, val_ppl=200.0, val_bpb=2.0)
+        if s == 3:
+            log.write("event", event="resume", step=4, checkpoint="ckpt", notes=[])
+    log.write("end", step=steps, weights_sha256="ab" * 32)
+    log.close()
+    return folder
+
+
+def test_load_run_reads_columns_gaps_events_and_samples(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a")
+    with open(run / "log.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"type": "step", "step": 6, "lo')  # a line cut short by a crash
+    (run / "samples.txt").write_text("ROMEO: " + EVIL + "\n", encoding="utf-8")
+    data = load_run(run)
+    assert data["name"] == "a" and data["bad_lines"] == 1
+    assert data["steps"]["step"] == list(range(6))
+    assert data["steps"]["loss"][2] is None  # "nan" in the log: a gap in the chart
+    assert data["steps"]["mfu"] == [None] * 6
+    assert data["val"]["step"] == [1, 3, 5] and data["val"]["tokens"] == [128, 256, 384]
+    assert [e["event"] for e in data["events"]] == ["resume"]
+    assert data["grad_clip"] == 1.0 and data["end"]["step"] == 6
+    assert data["samples"] == [{"source": "samples.txt", "text": "ROMEO: " + EVIL}]
+
+
+def test_runs_without_samples_have_none_and_same_names_are_told_apart(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "x" / "run")
+    b = write_run(tmp_path / "y" / "run")
+    runs = load_runs([a, b / "log.jsonl"])
+    assert [r["name"] for r in runs] == ["x/run", "y/run"]
+    assert all(r["samples"] == [] for r in runs)
+
+
+def test_embedded_json_cannot_close_the_script_and_parses_back() -> None:
+    data = {"text": EVIL, "n": [1.5, None, float("nan")]}
+    embedded = page.embed_json(data)
+    assert not re.search(r"[<>&\u2028\u2029]", embedded)
+    assert json.loads(embedded) == {"text": EVIL, "n": [1.5, None, "nan"]}
+
+
+def test_report_page_is_self_contained_and_escapes_log_text(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", git_commit=EVIL)
+    (run / "samples.txt").write_text(EVIL, encoding="utf-8")
+    html = page.build_report([run])
+    # Exactly one </script> per inlined script and one for the data: the sample closed none.
+    assert html.lower().count("</script") == len(page.SCRIPTS) + 1
+    assert "Content-Security-Policy" in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing to fetch
+    data = json.loads(re.search(r'id="octlm-data">(.*?)</script>', html, re.S).group(1))
+    assert data["runs"][0]["samples"][0]["text"] == EVIL
+    assert data["runs"][0]["git_commit"] == EVIL
+    assert data["presets"][0]["name"] == "run: run"  # the run's own schedule comes first
+    for name in ("learningRate", "drawChart", "setupRuns", "setupSchedule", "setupClipping"):
+        assert f"function {name}(" in html
+
+
+def test_an_asset_with_a_script_close_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(page, "asset", lambda name: "const s = '</script>';")
+    with pytest.raises(AssertionError, match="must not contain"):
+        page.inline_script("x.js")
+
+
+def test_cli_report_writes_into_a_new_folder(tmp_path: Path, capsys) -> None:
+    run = write_run(tmp_path / "run")
+    out = tmp_path / "new" / "deeper" / "report.html"
+    assert main(["report", str(run), "-o", str(out)]) == 0
+    assert out.is_file() and f"wrote {out}" in capsys.readouterr().out
+
+
+def test_cli_playground_page_has_presets_and_no_runs(tmp_path: Path) -> None:
+    out = tmp_path / "play.html"
+    assert main(["playground", "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'id="octlm-data">(.*?)</script>', html, re.S).group(1))
+    assert data["runs"] == [] and {p["name"] for p in data["presets"]} >= {"tiny", "main88"}
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda d: d, "no run log at"),  # a folder without log.jsonl
+        (lambda d: d / "missing", "no run log at"),
+        (lambda d: (d / "log.jsonl").write_text('{"type": "step"}\n') and d, "no header record"),
+    ],
+    ids=["empty-folder", "missing-path", "no-header"],
+)
+def test_cli_report_bad_input_is_one_error_line(tmp_path: Path, capsys, make, expected) -> None:
+    target = make(tmp_path)
+    assert main(["report", str(target), "-o", str(tmp_path / "r.html")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("octlm: error: ") and expected in err[0], err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_cli_report_out_is_a_folder_is_one_error_line(tmp_path: Path, capsys) -> None:
+    run = write_run(tmp_path / "run")
+    assert main(["report", str(run), "-o", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith(f"octlm: error: {tmp_path} is a folder")
+
+
+def test_cli_report_error_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "octlm", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"octlm: error: no run log at {tmp_path / 'log.jsonl'}; pass a run folder written by "
+        "`octlm train` (it holds log.jsonl)"
+    ]
+
+
+@pytest.mark.parametrize("name", page.SCRIPTS)
+def test_every_script_asset_is_valid_javascript(name: str) -> None:
+    if NODE is None:
+        pytest.skip("node is not installed: the page's scripts are not syntax-checked")
+    path = SCHEDULE_JS.parent / name
+    result = subprocess.run([NODE, "--check", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
