@@ -270,12 +270,12 @@ def test_failed_write_leaves_the_previous_checkpoint_and_no_temp_file(
     folder = tmp_path / CKPT_DIR
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
-    def half_then_fail(tensors, filename, metadata=None):
+    def half_then_fail(filename, tensors, metadata):
         data = save(tensors, metadata=metadata)
         Path(filename).write_bytes(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "save_file", half_then_fail)
+    monkeypatch.setattr(ckpt, "write_safetensors", half_then_fail)
     with pytest.raises(OSError, match="No space"):
         save_checkpoint(tmp_path, 3, {}, small_tensors(3.0))
     after = {p.name: p.read_bytes() for p in folder.iterdir()}

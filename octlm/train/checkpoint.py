@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, atomic_write_bytes
 from octlm.hashing import file_sha256
+from octlm.train.stwriter import write_safetensors
 
 FORMAT = "octlm-checkpoint"
 FORMAT_VERSION = 1
@@ -97,8 +98,10 @@ def save_checkpoint(
     path = folder / f"step_{step:06d}.safetensors"
     header = {**meta, "format": FORMAT, "format_version": FORMAT_VERSION}
 
+    digest: dict[str, str] = {}
+
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp), metadata={"octlm": json.dumps(header)})
+        digest["sha256"] = write_safetensors(tmp, tensors, {"octlm": json.dumps(header)})
         if _SAVE_PAUSE:
             time.sleep(_SAVE_PAUSE)
 
@@ -106,7 +109,7 @@ def save_checkpoint(
     if _SAVE_PAUSE:
         time.sleep(_SAVE_PAUSE)
     entries = [e for e in read_latest(run_dir) if e["file"] != path.name]
-    entries.append({"file": path.name, "step": step, "sha256": file_sha256(path)})
+    entries.append({"file": path.name, "step": step, "sha256": digest["sha256"]})
     keep, drop = entries[-keep_last:], entries[:-keep_last]
     atomic_write_bytes(folder / LATEST, json.dumps({"checkpoints": keep}, indent=2).encode())
     for entry in drop:  # only after the new list is durable

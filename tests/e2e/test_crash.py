@@ -165,7 +165,7 @@ def test_save_fault_keeps_previous_checkpoint(tiny_dataset, tmp_path, monkeypatc
         return wrapper
 
     if point == "write":
-        monkeypatch.setattr(ckpt, "save_file", second_save_fails(ckpt.save_file))
+        monkeypatch.setattr(ckpt, "write_safetensors", second_save_fails(ckpt.write_safetensors))
     elif point == "rename":
         monkeypatch.setattr("octlm.fsutil.os.replace", second_save_fails(os.replace))
     else:  # fail the folder fsync right after the checkpoint's rename
