@@ -41,7 +41,7 @@ def launched_by_torchrun() -> bool:
 def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
     """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) and pick the device."""
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
-        return DistInfo(), _single_device(device_name)
+        return DistInfo(), resolve_device(device_name)
     info = DistInfo(
         int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     )
@@ -58,7 +58,8 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
     return info, device
 
 
-def _single_device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)

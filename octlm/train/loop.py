@@ -25,7 +25,12 @@ from octlm.hashing import weights_sha256
 from octlm.model import GPT, ModelConfig
 from octlm.runlog import RunLog
 from octlm.train import checkpoint as ckpt
-from octlm.train.distributed import agree, all_reduce_sum, shutdown
+from octlm.train.distributed import (  # noqa: F401  (resolve_device re-exported for tools)
+    agree,
+    all_reduce_sum,
+    resolve_device,
+    shutdown,
+)
 from octlm.train.run import (  # noqa: F401  (re-exported: tools import them from here)
     GPU_PEAK_FLOPS,
     ResumeError,
@@ -35,7 +40,6 @@ from octlm.train.run import (  # noqa: F401  (re-exported: tools import them fro
     embedded_data_dir,
     peak_flops,
     resolve_data,
-    resolve_device,
 )
 from octlm.train.schedule import learning_rate
 from octlm.train.step import NonFiniteError, train_step

@@ -51,15 +51,6 @@ class ResumeError(OctlmError):
     """A checkpoint that does not belong to this run."""
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OctlmError(f"device {name} requested but CUDA is not available", "use --device cpu")
-    return device
-
-
 def embedded_data_dir(vocab_size: int) -> Path:
     """Where the embedded corpus is prepared on first use (per vocabulary size)."""
     root = os.environ.get("OCTLM_CACHE") or Path.home() / ".cache" / "octlm"
