@@ -7,6 +7,7 @@ and exits 1, so bad input never shows a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -518,6 +519,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OctlmError as exc:
         print(f"octlm: error: {exc.message}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)
+        return 0
     except OSError as exc:  # disk full, permissions, a file where a folder should be
         where = f": {exc.filename}" if exc.filename else ""
         print(
