@@ -5,8 +5,11 @@ All three are built once per test session and must be treated as read-only by te
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # One intra-op thread for the tests and every subprocess they start: the models here are tiny,
@@ -14,12 +17,17 @@ from pathlib import Path
 # matmuls ~50x slower. Set before torch is imported anywhere.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+# Tests never read or write the user's cache (the embedded corpus, `octlm bench peak`'s
+# measurement, which would otherwise put an MFU into every CPU run's log).
+os.environ["OCTLM_CACHE"] = tempfile.mkdtemp(prefix="octlm-test-cache-")
 
 import pytest
 
 from octlm.data.corpus import Document, embedded_documents
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.tokenizer import Tokenizer
+
+atexit.register(shutil.rmtree, os.environ["OCTLM_CACHE"], True)
 
 TINY_VOCAB = 512
 TINY_CONTEXT = 64
