@@ -240,11 +240,3 @@ def load_checkpoint(
 def split_tensors(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     n = len(prefix)
     return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
-def remove_checkpoints(run_dir: Path) -> None:
-    folder = run_dir / CKPT_DIR
-    for entry in read_latest(run_dir):
-        (folder / entry["file"]).unlink(missing_ok=True)
-    if (folder / LATEST).exists():
-        os.unlink(folder / LATEST)
