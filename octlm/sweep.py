@@ -136,6 +136,7 @@ class Sweep:
         self.config_path = out / "base.toml"
         self.durations: list[float] = []
         self.failures: dict[str, str] = {}
+        self.todo = 0
 
     def run_dir(self, spec: RunSpec) -> Path:
         return self.out / "runs" / spec.name
@@ -166,7 +167,9 @@ class Sweep:
         return env
 
     def _run_one(self, index: int, spec: RunSpec) -> None:
-        remaining = sum(not finished(self.run_dir(s)) for s in self.specs)
+        # Runs of this invocation not yet done, counted from what the workers recorded (re-reading
+        # every run's log before each run would be quadratic in the sweep size).
+        remaining = self.todo - len(self.durations) - len(self.failures)
         eta = ""
         if self.durations:
             seconds = statistics.mean(self.durations) * remaining / self.jobs
@@ -191,6 +194,7 @@ class Sweep:
         self.out.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(to_toml(self.base))
         todo = [(i, s) for i, s in enumerate(self.specs) if not finished(self.run_dir(s))]
+        self.todo = len(todo)
         skipped = len(self.specs) - len(todo)
         if skipped:
             print(f"{skipped} of {len(self.specs)} runs already finished: skipped", file=sys.stderr)
