@@ -159,7 +159,7 @@ def io_rounds(name, meta, tensors, folder: Path, rounds: int) -> dict[str, list[
 
     def load_octlm(sha: bool):
         def load():
-            expected = ckpt.read_latest(a_dir)[-1]["sha256"] if sha else None
+            expected = ckpt.read_latest(a_dir)[-1]["checksum"] if sha else None
             touch(ckpt.load_checkpoint(path, expected)[1])
 
         return load

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save, save_file
 
 from octlm.config import TrainConfig
-from octlm.hashing import file_sha256
+from octlm.hashing import file_checksum, file_sha256
 from octlm.model import GPT, preset
 from octlm.train import checkpoint as ckpt
 from octlm.train.checkpoint import (
@@ -172,10 +172,40 @@ def test_load_returns_exactly_what_was_saved(saved_run) -> None:
     assert loaded_meta["trajectory"] == meta["trajectory"]
 
 
-def test_wrong_sha256_is_a_checkpoint_error(saved_run) -> None:
+def test_wrong_checksum_is_a_checkpoint_error(saved_run) -> None:
     _, path = saved_run
-    with pytest.raises(CheckpointError, match="sha256"):
+    with pytest.raises(CheckpointError, match="xxh3_128 checksum"):
+        load_checkpoint(path, "xxh3_128:" + "0" * 32)
+    with pytest.raises(CheckpointError, match="sha256 checksum"):  # a bare hex is a sha256
         load_checkpoint(path, "0" * 64)
+    load_checkpoint(path, file_checksum(path))
+    load_checkpoint(path, file_checksum(path, "sha256"))
+    load_checkpoint(path, file_sha256(path))
+
+
+def test_one_flipped_bit_fails_the_listed_checksum(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 1, {}, small_tensors(1.0))
+    path, listed = find_checkpoint(tmp_path)
+    assert listed == file_checksum(path) and listed.startswith("xxh3_128:")
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10  # inside the last tensor: safetensors itself would not notice
+    path.write_bytes(bytes(data))
+    load_checkpoint(path, None)
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(path, listed)
+
+
+def test_a_latest_json_of_octlm_0_1_with_sha256_entries_still_loads(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 1, {"s": 1}, small_tensors(1.0))
+    folder = tmp_path / CKPT_DIR
+    name = "step_000001.safetensors"
+    old = {"checkpoints": [{"file": name, "step": 1, "sha256": file_sha256(folder / name)}]}
+    (folder / LATEST).write_text(json.dumps(old))
+    path, listed = find_checkpoint(tmp_path)
+    assert listed == "sha256:" + file_sha256(folder / name)
+    assert load_checkpoint(path, listed)[0]["s"] == 1
+    save_checkpoint(tmp_path, 2, {"s": 2}, small_tensors(2.0))  # rewrites the list anew
+    assert [e["checksum"].split(":")[0] for e in read_latest(tmp_path)] == ["sha256", "xxh3_128"]
 
 
 @pytest.mark.parametrize("keep", [0, 4, 20, 0.5, -1], ids=["empty", "4B", "20B", "half", "-1B"])
@@ -187,8 +217,8 @@ def test_truncated_file_is_a_checkpoint_error(saved_run, tmp_path: Path, keep) -
     bad.write_bytes(data[:n])
     with pytest.raises(CheckpointError):
         load_checkpoint(bad, None)
-    with pytest.raises(CheckpointError):  # and the listed sha256 catches it first
-        load_checkpoint(bad, file_sha256(path))
+    with pytest.raises(CheckpointError):  # and the listed checksum catches it first
+        load_checkpoint(bad, file_checksum(path))
 
 
 def test_newer_format_version_is_a_checkpoint_error(tmp_path: Path) -> None:
@@ -245,7 +275,7 @@ def test_latest_json_keeps_the_last_entries_and_deletes_older_files(tmp_path: Pa
     names = {f"step_{s:06d}.safetensors" for s in kept}
     assert {p.name for p in folder.iterdir()} == names | {LATEST}
     for e in entries:
-        assert e["sha256"] == file_sha256(folder / e["file"])
+        assert e["checksum"] == file_checksum(folder / e["file"])
     path, sha = find_checkpoint(tmp_path)
     meta, tensors = load_checkpoint(path, sha)
     assert meta["s"] == 5

@@ -1,4 +1,4 @@
-"""The streaming safetensors writer: a standard file, and the sha256 of exactly its bytes."""
+"""The streaming safetensors writer: a standard file, and the checksum of exactly its bytes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import json
 
 import pytest
 import torch
+import xxhash
 from safetensors import safe_open
 from safetensors.torch import load
 
-from octlm.hashing import file_sha256
+from octlm.hashing import file_checksum
 from octlm.train.stwriter import write_safetensors
 
 
@@ -26,11 +27,12 @@ def sample() -> dict[str, torch.Tensor]:
     }
 
 
-def test_file_is_standard_safetensors_and_sha_matches(tmp_path) -> None:
+def test_file_is_standard_safetensors_and_checksum_matches(tmp_path) -> None:
     tensors = sample()
     path = tmp_path / "x.safetensors"
     digest = write_safetensors(path, tensors, {"octlm": json.dumps({"k": 1})})
-    assert digest == file_sha256(path)
+    assert digest == file_checksum(path)
+    assert digest == "xxh3_128:" + xxhash.xxh3_128(path.read_bytes()).hexdigest()
     with safe_open(str(path), framework="pt") as f:
         assert json.loads(f.metadata()["octlm"]) == {"k": 1}
         assert set(f.keys()) == set(tensors)

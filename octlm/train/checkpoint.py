@@ -3,7 +3,8 @@
 Tensors (weights, AdamW moments, RNG byte states) are safetensors entries; everything else
 (step, counters, param-group settings, Python/NumPy RNG states, fingerprints, config, build)
 is JSON in the file's metadata, so loading can never run code. `checkpoints/latest.json` lists
-the files newest last with their sha256, which is checked on load.
+the files newest last with their checksum ("xxh3_128:HEX"; lists written by octlm 0.1 give a
+"sha256"), which is checked on load.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from safetensors.torch import save_file
 
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, atomic_write_bytes
-from octlm.hashing import file_sha256
+from octlm.hashing import checksum_algo, checksum_matches
 from octlm.train.stwriter import write_safetensors
 
 FORMAT = "octlm-checkpoint"
@@ -101,7 +102,7 @@ def save_checkpoint(
     digest: dict[str, str] = {}
 
     def write(tmp: Path) -> None:
-        digest["sha256"] = write_safetensors(tmp, tensors, {"octlm": json.dumps(header)})
+        digest["checksum"] = write_safetensors(tmp, tensors, {"octlm": json.dumps(header)})
         if _SAVE_PAUSE:
             time.sleep(_SAVE_PAUSE)
 
@@ -109,7 +110,7 @@ def save_checkpoint(
     if _SAVE_PAUSE:
         time.sleep(_SAVE_PAUSE)
     entries = [e for e in read_latest(run_dir) if e["file"] != path.name]
-    entries.append({"file": path.name, "step": step, "sha256": digest["sha256"]})
+    entries.append({"file": path.name, "step": step, "checksum": digest["checksum"]})
     keep, drop = entries[-keep_last:], entries[:-keep_last]
     atomic_write_bytes(folder / LATEST, json.dumps({"checkpoints": keep}, indent=2).encode())
     for entry in drop:  # only after the new list is durable
@@ -130,11 +131,16 @@ def save_snapshot(
 
 
 def read_latest(run_dir: Path) -> list[dict[str, Any]]:
+    """The listed checkpoints, oldest first, each with "file", "step" and "checksum"."""
     path = run_dir / CKPT_DIR / LATEST
     if not path.is_file():
         return []
     try:
-        return json.loads(path.read_text())["checkpoints"]
+        entries = json.loads(path.read_text())["checkpoints"]
+        for e in entries:
+            if "checksum" not in e:  # a list written by octlm 0.1
+                e["checksum"] = f"sha256:{e['sha256']}"
+        return entries
     except (json.JSONDecodeError, KeyError, TypeError):
         raise CheckpointError(
             f"{path} is corrupt", f"delete it to start {run_dir} afresh"
@@ -151,7 +157,7 @@ def load_newest_valid(
     for entry in reversed(entries):
         path = run_dir / CKPT_DIR / entry["file"]
         try:
-            meta, tensors = load_checkpoint(path, entry["sha256"])
+            meta, tensors = load_checkpoint(path, entry["checksum"])
         except CheckpointError as exc:
             notes.append(f"{exc.problem}: falling back to the previous checkpoint")
             continue
@@ -184,30 +190,32 @@ def remove_stale_temps(run_dir: Path) -> None:
 
 
 def find_checkpoint(run_or_ckpt: str | Path) -> tuple[Path, str | None]:
-    """(file, expected sha256 or None) for a run folder (its newest checkpoint) or a file."""
+    """(file, expected checksum or None) for a run folder (its newest checkpoint) or a file."""
     target = Path(run_or_ckpt)
     if target.is_file():
         if target.parent.name != CKPT_DIR:
             return target, None  # a snapshot or a copied file: no list vouches for it
-        listed = {e["file"]: e["sha256"] for e in read_latest(target.parent.parent)}
+        listed = {e["file"]: e["checksum"] for e in read_latest(target.parent.parent)}
         return target, listed.get(target.name)
     if target.is_dir():
         entries = read_latest(target)
         if entries:
-            return target / CKPT_DIR / entries[-1]["file"], entries[-1]["sha256"]
+            return target / CKPT_DIR / entries[-1]["file"], entries[-1]["checksum"]
         raise CheckpointError(f"{target} holds no checkpoint", "train it first, or name a file")
     raise CheckpointError(f"{target} does not exist", "name a run folder or a checkpoint file")
 
 
 def load_checkpoint(
-    path: Path, sha256: str | None
+    path: Path, checksum: str | None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(metadata, tensors) of a checkpoint, after checking its sha256 and format version."""
+    """(metadata, tensors) of a checkpoint, after checking its checksum ("ALGO:HEX", as
+    latest.json lists it; None: no check) and format version."""
     if not path.is_file():  # e.g. listed in latest.json but deleted: no raw FileNotFoundError
         raise CheckpointError(f"checkpoint {path} does not exist", "name an existing file")
-    if sha256 is not None and file_sha256(path) != sha256:
+    if checksum is not None and not checksum_matches(path, checksum):
         raise CheckpointError(
-            f"checkpoint {path} fails its sha256 check", "it is corrupt; delete it"
+            f"checkpoint {path} fails its {checksum_algo(checksum)} checksum",
+            "it is corrupt; delete it",
         )
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:

@@ -1,21 +1,21 @@
 """A streaming safetensors writer that checksums the file as it writes it.
 
 safetensors' own `save_file` gives no checksum, so the file would have to be read back to hash
-it (a second full pass). Here every tensor's bytes go to the file from the main thread while a
-worker thread feeds the same bytes, in order, to sha256 (both release the GIL), so the
-checksum costs almost nothing extra. The output is a standard safetensors file: an 8-byte
-little-endian header length, a JSON header padded to 8 bytes, then the raw tensors.
+it (a second full pass). Here every tensor's bytes are fed to the checksum (xxh3-128, about
+27 GB/s, so ~10 ms for a 264 MB checkpoint) just before they go to the file. The output is a
+standard safetensors file: an 8-byte little-endian header length, a JSON header padded to 8
+bytes, then the raw tensors.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from octlm.hashing import CHECKSUM_ALGO, new_checksum
 
 DTYPES = {
     torch.float64: "F64",
@@ -34,7 +34,7 @@ DTYPES = {
 def write_safetensors(
     path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 ) -> str:
-    """Write `tensors` (CPU or not) and `metadata` to `path`; return the file's sha256."""
+    """Write `tensors` (CPU or not) and `metadata` to `path`; return its "ALGO:HEX" checksum."""
     names = sorted(tensors)  # a fixed order: the same tensors always give the same bytes
     blobs, header, offset = [], {}, 0
     for name in names:
@@ -52,12 +52,9 @@ def write_safetensors(
     header["__metadata__"] = metadata
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
-    digest = hashlib.sha256()
-    with ThreadPoolExecutor(max_workers=1) as hasher, open(path, "wb") as f:
-        pending = []
+    digest = new_checksum(CHECKSUM_ALGO)
+    with open(path, "wb") as f:
         for chunk in (struct.pack("<Q", len(head)) + head, *blobs):
-            pending.append(hasher.submit(digest.update, chunk))
+            digest.update(chunk)
             f.write(chunk)
-        for job in pending:
-            job.result()
-    return digest.hexdigest()
+    return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
