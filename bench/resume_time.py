@@ -92,6 +92,7 @@ def build_folders(root: Path, data: str) -> dict[str, tuple[Path, int]]:
     for state in run.optimizer.state.values():
         state["step"].fill_(FAR)
     run.save()
+    run.saver.close()
     short_log = (far / "log.jsonl").read_text(encoding="utf-8")
     records = read_log(far)
     (far / "log.jsonl").write_text(

@@ -90,6 +90,9 @@ class TrainConfig:
     """Full checkpoints kept (rotated); a damaged newest one falls back to the one before."""
     keep_ckpts: bool = False
     """Also keep a weights-only snapshot at every checkpoint."""
+    async_checkpoint: bool = True
+    """Write checkpoints in a background thread from a private copy of the state, so training
+    goes on while they are written; every exit waits for the write in flight."""
     stop_at: int | None = None
     """Stop cleanly once this many steps are done, with a checkpoint, as an interruption would."""
     resume: bool = False
@@ -189,6 +192,7 @@ NON_TRAJECTORY_KEYS = (
     "ckpt_every",
     "keep_ckpts",
     "keep_last",
+    "async_checkpoint",  # the write works on a private copy taken between two steps
     "allow_config_change",
     "skip_nonfinite",  # changes nothing unless a step is non-finite, when it is logged
     "stop_at",

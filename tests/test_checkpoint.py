@@ -84,7 +84,9 @@ def saved_run(tiny_dataset, tmp_path_factory) -> tuple[Run, Path]:
     out = tmp_path_factory.mktemp("ckpt_run") / "run"
     run = Run(run_config(tiny_dataset, out))
     advance(run)
-    return run, run.save()
+    run.save()
+    run.saver.wait()
+    return run, find_checkpoint(out)[0]
 
 
 def small_tensors(value: float) -> dict[str, torch.Tensor]:

@@ -62,8 +62,8 @@ def optimizer_to_flat(
     scalars: dict[str, dict[str, Any]] = {}
     for idx, state in sd["state"].items():
         for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"optim.{idx}.{key}"] = value.detach().contiguous().clone()
+            if isinstance(value, torch.Tensor):  # the live tensor: copy it to keep it
+                tensors[f"optim.{idx}.{key}"] = value.detach().contiguous()
             else:
                 scalars.setdefault(str(idx), {})[key] = value
     groups = [

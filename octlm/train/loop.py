@@ -128,9 +128,24 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult
         )
         say(f"resumed from {path} at step {run.state.step}", file=sys.stderr)
     try:
-        return _loop(run, log)
+        result = _loop(run, log)
+    except BaseException:
+        _finish_saves_quietly(run)
+        raise
     finally:
         log.close()
+    run.saver.close()
+    return result
+
+
+def _finish_saves_quietly(run: Run) -> None:
+    """On the way out with an error: let the write in flight finish (it is a good checkpoint,
+    taken before the error) while the run folder is still locked; the first error is the one
+    to report, so a second one from the write is only noted."""
+    try:
+        run.saver.close()
+    except Exception as exc:  # noqa: BLE001
+        print(f"octlm: note: the last checkpoint write failed too ({exc})", file=sys.stderr)
 
 
 def _nonfinite(log: RunLog, cfg: TrainConfig, step: int, exc: NonFiniteError) -> OctlmError:
@@ -190,6 +205,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             except NonFiniteError as exc:
                 raise _nonfinite(log, cfg, s, exc) from None
             dt = time.perf_counter() - t0
+            run.saver.check()  # a background checkpoint write that failed stops the run here
             state.step = run.sampler.step = s + 1
             state.tokens += tokens_per_step
             state.skipped_steps += int(result.skipped)
@@ -237,6 +253,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             stopping = stop_agreed or state.step == end_step
             if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or finished or stopping:
                 run.save()
+    run.saver.wait()  # the last checkpoint is on disk before the run says so
     say = print if dist.is_main else (lambda *a, **k: None)
     if state.step == cfg.steps:
         weights = run.full_model_state()

@@ -7,6 +7,7 @@ Also the run-folder lock, and the small pure helpers the loop and the tools shar
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import subprocess
@@ -41,6 +42,7 @@ from octlm.train.distributed import (
     wrap_model,
 )
 from octlm.train.optim import build_optimizer, param_names
+from octlm.train.saver import BackgroundSaver
 from octlm.train.state import TrainState, capture_rng, restore_rng
 
 # Dense bf16 peaks (FLOP/s) for MFU; a device not listed needs --peak-tflops.
@@ -181,6 +183,7 @@ class Run:
         except ValueError as exc:
             raise OctlmError(str(exc), "use more data or a shorter --context") from None
         self.state = TrainState()
+        self.saver = BackgroundSaver(cfg.async_checkpoint)
         if cfg.overfit_blocks:  # validate on the memorised blocks themselves
             self.val_stream = self.dataset.train
             self.val_starts = np.arange(cfg.overfit_blocks, dtype=np.int64) * (cfg.context + 1)
@@ -222,8 +225,12 @@ class Run:
         )
         return cfg.replace(accum=total // self.dist.world)
 
-    def checkpoint_meta_and_tensors(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Collective with several ranks (every rank's RNG state is gathered)."""
+    def checkpoint_meta_and_tensors(
+        self, private: bool = False
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Collective with several ranks (every rank's RNG state is gathered). The tensors are
+        the live ones (weights, AdamW moments) unless `private`: then host copies that later
+        steps cannot change, and metadata that shares no object with the run."""
         names = param_names(self.model)
         optim_sd = full_optim_state(self.model, self.optimizer, self.dist, self.cfg.parallel, names)
         optim_meta, optim_tensors = ckpt.optimizer_to_flat(optim_sd)
@@ -251,23 +258,32 @@ class Run:
             "world": self.dist.world,
             "rng_ranks": [m for m, _ in ranks[1:]],  # type: ignore[misc]
         }
+        if private:
+            tensors = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
+            meta = json.loads(json.dumps(meta))  # also fails here, not in a thread, if not JSON
         return meta, tensors
 
-    def save(self) -> Path | None:
-        meta, tensors = self.checkpoint_meta_and_tensors()
-        if not self.dist.is_main:  # one file, written by rank 0; the others wait for it
+    def save(self) -> None:
+        """Checkpoint the run as it is now: written before this returns, or (async_checkpoint)
+        from a private copy in the background; `self.saver.wait()` waits for it."""
+        background = self.saver.background and self.dist.is_main
+        meta, tensors = self.checkpoint_meta_and_tensors(private=background)
+        if not self.dist.is_main:  # one file, written by rank 0; the others go on
             barrier(self.dist)
-            return None
-        path = ckpt.save_checkpoint(
-            self.out, self.state.step, meta, tensors, keep_last=self.cfg.keep_last
-        )
+            return
+        step = self.state.step
+        self.saver.submit(lambda: self._write(step, meta, tensors))
+        barrier(self.dist)
+
+    def _write(self, step: int, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        ckpt.save_checkpoint(self.out, step, meta, tensors, keep_last=self.cfg.keep_last)
         if self.cfg.keep_ckpts:
             model_tensors = {
                 k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")
             }
             ckpt.save_snapshot(
                 self.out,
-                self.state.step,
+                step,
                 model_tensors,
                 {
                     "format": "octlm-snapshot",
@@ -278,8 +294,6 @@ class Run:
                     "data_dir": meta["data_dir"],
                 },
             )
-        barrier(self.dist)
-        return path
 
     def resume(self) -> tuple[Path, list[str]] | None:
         """Load the newest valid checkpoint in `out`; None when there is none yet."""

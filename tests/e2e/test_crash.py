@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from octlm.config import make_config
+from octlm.hashing import file_checksum
 from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
 from octlm.train import loop
@@ -301,14 +302,14 @@ def test_malicious_pickle_is_refused_without_running(tiny_dataset, tmp_path) -> 
         proc = octlm(command, str(evil), *extra, check=False)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
         assert "not a readable checkpoint" in proc.stderr
-    # The same file listed (with its true sha256) as a run's newest checkpoint for --resume.
+    # The same file listed (with its true checksum) as a run's newest checkpoint for --resume.
     out = tmp_path / "run"
     octlm(*train_args(tiny_dataset, out, "--stop-at", "2"))
     folder = out / "checkpoints"
     evil_copy = folder / "step_000003.safetensors"
     evil_copy.write_bytes(evil.read_bytes())
     entries = listed(out) + [
-        {"file": evil_copy.name, "step": 3, "sha256": ckpt.file_sha256(evil_copy)}
+        {"file": evil_copy.name, "step": 3, "checksum": file_checksum(evil_copy)}
     ]
     (folder / "latest.json").write_text(json.dumps({"checkpoints": entries}))
     proc = octlm(*train_args(tiny_dataset, out, "--resume"))
