@@ -3,19 +3,20 @@
 Record types: `header` (settings, model, counts, build, git commit), `step`, `val`, `event`
 (resume, stop, checkpoint) and `end` (final step and weights_sha256). `step` in a record is the
 0-based index of the optimizer step it describes. After a resume the file reads as one run:
-records at or past the checkpoint's step are dropped (atomically) before new ones are appended.
+records at or past the checkpoint's step are dropped before new ones are appended.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
-
-from octlm.fsutil import atomic_write_bytes
+from typing import Any, BinaryIO, TextIO
 
 LOG_NAME = "log.jsonl"
+_BLOCK = 1 << 16
 
 
 def _clean(value: Any) -> Any:
@@ -54,23 +55,59 @@ class RunLog:
             self._file = None
 
     def truncate_after(self, step: int) -> int:
-        """Drop step/val/event/end records with `step >= step` (work the resume will redo).
-        Returns how many records were dropped."""
+        """Drop step/val/event/end records with `step >= step` (work the resume will redo), and
+        a last line cut short by a crash. Returns how many records were dropped.
+
+        Records are appended in order of their step (every record but the header has one, and
+        none is ever smaller than one before it), so the records to drop are a tail of the file:
+        it is read backwards only as far as the first record to keep and cut there, in place.
+        A resume's cost does not grow with the length of the run, and the cut never needs free
+        disk space; a crash leaves the file at its old or its new length, both readable."""
         if not self.path.exists():
             return 0
-        kept, dropped = [], 0
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                dropped += 1  # a line cut short by a crash
-                continue
-            if record.get("type") != "header" and record.get("step", -1) >= step:
-                dropped += 1
-                continue
-            kept.append(line)
-        atomic_write_bytes(self.path, "".join(k + "\n" for k in kept).encode("utf-8"))
+        with open(self.path, "r+b") as f:
+            end = f.seek(0, os.SEEK_END)
+            cut, dropped, needs_newline = end, 0, False
+            for start, line in _lines_backwards(f, end):
+                try:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    record = None  # a line cut short by a crash
+                if isinstance(record, dict) and (
+                    record.get("type") == "header" or record.get("step", -1) < step
+                ):
+                    needs_newline = start + len(line) == end  # kept last line lacks its "\n"
+                    break
+                cut, dropped = start, dropped + 1
+            if cut < end:
+                f.truncate(cut)
+            if needs_newline:
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            if cut < end or needs_newline:
+                f.flush()
+                os.fsync(f.fileno())
         return dropped
+
+
+def _lines_backwards(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of every non-empty line of `f[:end]`, last line first, read in blocks."""
+    pos, head = end, b""  # head: the start of a line whose beginning lies in an earlier block
+    while pos > 0:
+        size = min(_BLOCK, pos)
+        pos -= size
+        f.seek(pos)
+        block = f.read(size) + head
+        parts = block.split(b"\n")
+        stop = pos + len(block)  # where the current part ends
+        for part in reversed(parts[1:]):
+            start = stop - len(part)
+            if part:
+                yield start, part
+            stop = start - 1  # skip its newline
+        head = parts[0]
+    if head:
+        yield 0, head
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:

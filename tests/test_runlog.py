@@ -1,4 +1,4 @@
-"""Tests for octlm.runlog: strict JSON lines, and an atomic truncation for resumes."""
+"""Tests for octlm.runlog: strict JSON lines, and the in-place truncation for resumes."""
 
 from __future__ import annotations
 
@@ -126,17 +126,31 @@ def test_truncate_after_without_a_log_is_a_no_op(tmp_path: Path) -> None:
     assert not (tmp_path / LOG_NAME).exists()
 
 
-def test_failed_truncation_leaves_the_log_untouched(tmp_path: Path, monkeypatch) -> None:
-    write_run(tmp_path)
+@pytest.mark.parametrize("k", [0, 1, 2_999, 5_000, 9_999, 10_000])
+def test_truncating_a_long_log_cuts_exactly_across_read_blocks(tmp_path: Path, k: int) -> None:
+    """A 10,000-step log (several read blocks; lines of varying length): the kept bytes are a
+    prefix of the file, untouched in place (same inode), and exactly the records before k."""
+    log = RunLog(tmp_path)
+    log.open()
+    log.write("header", config={"lr": 1e-3})
+    for s in range(10_000):
+        log.write("step", step=s, loss=5.0 / (s + 1), note="x" * (s % 37))
+        if s % 20 == 19:
+            log.write("val", step=s, val_loss=1.0)
+    log.write("end", step=10_000)
+    log.close()
     path = tmp_path / LOG_NAME
-    before = path.read_bytes()
-
-    def full_disk(src, dst):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(OSError):
-        RunLog(tmp_path).truncate_after(2)
-    monkeypatch.undo()
-    assert path.read_bytes() == before
+    before, inode = path.read_bytes(), path.stat().st_ino
+    lines = before.decode().splitlines(keepends=True)
+    keep = [ln for ln in lines if json.loads(ln)["type"] == "header" or json.loads(ln)["step"] < k]
+    assert RunLog(tmp_path).truncate_after(k) == len(lines) - len(keep)
+    assert path.read_bytes() == "".join(keep).encode() == before[: len("".join(keep))]
+    assert path.stat().st_ino == inode
     assert sorted(os.listdir(tmp_path)) == [LOG_NAME]
+
+
+def test_a_kept_last_line_without_its_newline_gets_one(tmp_path: Path) -> None:
+    path = tmp_path / LOG_NAME
+    path.write_bytes(b'{"type": "header"}\n{"type": "step", "step": 0}')  # "\n" lost in a crash
+    assert RunLog(tmp_path).truncate_after(1) == 0
+    assert path.read_bytes() == b'{"type": "header"}\n{"type": "step", "step": 0}\n'
