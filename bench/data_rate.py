@@ -1,6 +1,6 @@
 """Can the data side keep up? The loader against training, and prepare against raw tokenizing.
 
-    .venv/bin/python -m bench.data_rate [--rounds 3]
+    .venv/bin/python -m bench.data_rate [--rounds 3] [--part all|loader|tokenize]
 
 1. Micro-batches/s that `Sampler.batch` delivers from the memmapped demo shards for the small
    run's micro-batches (16 x 1024 tokens, accumulation 32: the seed's small.toml), against the
@@ -8,17 +8,21 @@
    fp32, CPU) on a real 16 x 1024 micro-batch, timed in the same round. Also against the seed's
    GPU rate (small.toml: ~99,500 tokens/s = 6.07 micro-batches/s; quoted, not measured here).
 2. Tokens/s of `octlm.data.prepare` on the embedded corpus with the demo tokenizer (reading
-   and splitting the documents, encoding, writing and hashing the shards, the manifest)
-   against HF tokenizers' raw `encode_batch` on the same documents with the same tokenizer,
-   and, when tiktoken is importable, a `tiktoken.Encoding` built from that tokenizer's BPE
-   (same ranks, the GPT-2 split regex that the ByteLevel pre-tokenizer uses), with a check
-   that its ids equal HF's over the whole corpus. tiktoken is not an octlm dependency.
+   and splitting the documents, encoding, writing and hashing the shards, the manifest), with
+   its fast encoder (octlm.data.fastbpe) and with OCTLM_ENCODER=hf, against HF tokenizers' raw
+   `encode_batch` on the same documents with the same tokenizer, the fast encoder alone (a
+   fresh one each round: its set-up and an empty piece cache included), and, when tiktoken is
+   importable, a `tiktoken.Encoding` built from that tokenizer's BPE (same ranks, the GPT-2
+   split regex that the ByteLevel pre-tokenizer uses). The order of the five is reversed every
+   other round; ratios are medians of same-round pairs. Checks that the fast encoder's and
+   tiktoken's ids equal HF's over the whole corpus. tiktoken is not an octlm dependency.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -29,15 +33,17 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from octlm.data.corpus import read_documents
+from octlm.data.fastbpe import ENCODER_ENV, DocumentEncoder
 from octlm.data.order import Sampler
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.model import GPT, preset
-from octlm.tokenizer import SPECIAL_TOKENS
+from octlm.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 DATA = "runs/demo/data"
 GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 SEED_GPU_TOKENS_PER_S = 99_500  # configs/small.toml's comment
+JOBS = ("prepare", "prepare_hf", "hf", "fast", "tiktoken")
 
 
 def loader_rate(sampler: Sampler, seconds: float, first: int) -> tuple[float, int]:
@@ -110,9 +116,62 @@ def bpe_facts(path: Path) -> tuple[bool, int]:
     return ordered, other
 
 
+def timed_prepare(tok_path: Path, encoder: str) -> tuple[float, dict]:
+    """Seconds for one whole `prepare` into a temporary folder, with OCTLM_ENCODER=encoder."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
+    old = os.environ.get(ENCODER_ENV)
+    os.environ[ENCODER_ENV] = encoder
+    try:
+        t0 = time.perf_counter()
+        manifest = prepare(
+            PrepareConfig(out=tmp / "data", tokenizer=tok_path, force=True), progress=False
+        )
+        return time.perf_counter() - t0, manifest
+    finally:
+        if old is None:
+            os.environ.pop(ENCODER_ENV)
+        else:
+            os.environ[ENCODER_ENV] = old
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tokenize_round(r: int, tok_path: Path, hf: HFTokenizer, enc, texts: list[str]) -> dict:
+    """One round of the five tokenizer paths: seconds per job, and each job's output."""
+    tokenizer = Tokenizer.load(tok_path)
+    work = {
+        "hf": lambda: [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)],
+        "fast": lambda: DocumentEncoder(tokenizer).encode_batch(texts),
+    }
+    if enc is not None:
+        work["tiktoken"] = lambda: enc.encode_ordinary_batch(texts)
+    timings: dict[str, float] = {}
+    outputs: dict[str, object] = {}
+    for job in JOBS if r % 2 == 0 else JOBS[::-1]:
+        if job.startswith("prepare"):
+            setting = "hf" if job == "prepare_hf" else "auto"
+            timings[job], outputs[job] = timed_prepare(tok_path, setting)
+        elif job in work:
+            t0 = time.perf_counter()
+            outputs[job] = work[job]()
+            timings[job] = time.perf_counter() - t0
+    return {"timings": timings, "outputs": outputs}
+
+
+def loader_round(r: int, sampler: Sampler, model: GPT, args, first: int, tokens: int):
+    loader, first = loader_rate(sampler, args.loader_seconds, first)
+    x, y = sampler.batch(r, 0)
+    t0 = time.perf_counter()
+    loss, _ = model(x, y)
+    (loss / tokens).backward()
+    train_s = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return loader, train_s, first
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--part", choices=("all", "loader", "tokenize"), default="all")
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--loader-seconds", type=float, default=1.0)
@@ -139,58 +198,37 @@ def main() -> None:
     texts = [d.text for d in read_documents(())]
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     enc, tk_version = build_tiktoken(tok_path)
+    loading, tokenizing = args.part in ("all", "loader"), args.part in ("all", "tokenize")
 
     print(
         f"threads {torch.get_num_threads()}; micro-batch {args.micro_batch} x {args.context}, "
         f"accum {args.accum}; small shape at vocabulary {vocab} ({flops / 1e6:.0f} MFLOP/token); "
         f"corpus {len(texts)} documents, {n_bytes / 1e6:.2f} MB"
     )
-    rows, first = [], 0
+    loads, toks, first = [], [], 0
     for r in range(args.rounds):
-        loader, first = loader_rate(sampler, args.loader_seconds, first)
-        x, y = sampler.batch(r, 0)
-        t0 = time.perf_counter()
-        loss, _ = model(x, y)
-        (loss / tokens).backward()
-        train_s = time.perf_counter() - t0
-        model.zero_grad(set_to_none=True)
+        line = f"round {r}:"
+        if loading:
+            loader, train_s, first = loader_round(r, sampler, model, args, first, tokens)
+            loads.append((loader, train_s))
+            line += (
+                f" loader {loader:,.0f} micro-batches/s, training {1 / train_s:.4f} "
+                f"micro-batches/s ({train_s:.1f} s each), ratio {loader * train_s:,.0f}x;"
+            )
+        if tokenizing:
+            toks.append(tokenize_round(r, tok_path, hf, enc, texts))
+            line += " " + ", ".join(f"{job} {s:.3f} s" for job, s in toks[-1]["timings"].items())
+        print(line, flush=True)
+    if loading:
+        print_loader(loads, gpu_rate)
+    if tokenizing:
+        print_tokenizing(toks, texts, n_bytes, tk_version, tok_path)
 
-        timings = {}
-        order = ["prepare", "hf", "tiktoken"] if r % 2 == 0 else ["tiktoken", "hf", "prepare"]
-        for job in order:
-            if job == "prepare":
-                tmp = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
-                t0 = time.perf_counter()
-                manifest = prepare(
-                    PrepareConfig(out=tmp / "data", tokenizer=tok_path, force=True),
-                    progress=False,
-                )
-                timings[job] = time.perf_counter() - t0
-                shutil.rmtree(tmp, ignore_errors=True)
-                prep_tokens = sum(manifest["splits"][s]["tokens"] for s in ("train", "val"))
-            elif job == "hf":
-                t0 = time.perf_counter()
-                hf_ids = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
-                timings[job] = time.perf_counter() - t0
-                hf_tokens = sum(map(len, hf_ids))
-            elif enc is not None:
-                t0 = time.perf_counter()
-                tk_ids = enc.encode_ordinary_batch(texts)
-                timings[job] = time.perf_counter() - t0
-        rows.append((loader, train_s, timings))
-        line = (
-            f"round {r}: loader {loader:,.0f} micro-batches/s, training {1 / train_s:.4f} "
-            f"micro-batches/s ({train_s:.1f} s each), ratio {loader * train_s:,.0f}x; prepare "
-            f"{prep_tokens / timings['prepare']:,.0f} tok/s, HF encode_batch "
-            f"{hf_tokens / timings['hf']:,.0f} tok/s"
-        )
-        if "tiktoken" in timings:
-            line += f", tiktoken {hf_tokens / timings['tiktoken']:,.0f} tok/s"
-        print(line)
 
-    loader_med = statistics.median(r[0] for r in rows)
-    train_med = statistics.median(r[1] for r in rows)
-    ratio = statistics.median(r[0] * r[1] for r in rows)
+def print_loader(loads: list[tuple[float, float]], gpu_rate: float) -> None:
+    loader_med = statistics.median(r[0] for r in loads)
+    train_med = statistics.median(r[1] for r in loads)
+    ratio = statistics.median(r[0] * r[1] for r in loads)
     print(
         "\n| loader micro-batches/s | training micro-batches/s (CPU, measured) | loader / training "
         "(median paired) | seed GPU micro-batches/s (quoted) | loader / seed GPU |"
@@ -201,35 +239,57 @@ def main() -> None:
         f"{loader_med / gpu_rate:,.0f}x |"
     )
 
-    def med(job: str) -> float:
-        return statistics.median(r[2][job] for r in rows)
+
+def print_tokenizing(toks: list[dict], texts, n_bytes: int, tk_version, tok_path: Path) -> None:
+    first = toks[0]["outputs"]
+    hf_ids = first["hf"]
+    hf_tokens = sum(map(len, hf_ids))
+    prep_tokens = sum(first["prepare"]["splits"][s]["tokens"] for s in ("train", "val"))
+    labels = {
+        "prepare": ("octlm prepare (whole), fast encoder", prep_tokens),
+        "prepare_hf": ("octlm prepare (whole), OCTLM_ENCODER=hf", prep_tokens),
+        "hf": ("HF encode_batch (raw)", hf_tokens),
+        "fast": ("fast encoder alone (DocumentEncoder.encode_batch)", prep_tokens),
+        "tiktoken": (f"tiktoken {tk_version} encode_ordinary_batch (raw)", hf_tokens),
+    }
+
+    def paired(job: str, base: str) -> float:
+        return statistics.median(t["timings"][job] / t["timings"][base] for t in toks)
 
     print(
         "\n| tokenizer path | s (median) | tokens | tokens/s | MB/s of text | time / HF "
-        "encode_batch (median paired) |"
+        "encode_batch (median paired) | time / prepare with OCTLM_ENCODER=hf (median paired) |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    jobs = [("octlm prepare (whole)", "prepare", prep_tokens), ("HF encode_batch", "hf", hf_tokens)]
-    if enc is not None:
-        jobs.append((f"tiktoken {tk_version} encode_ordinary_batch", "tiktoken", hf_tokens))
-    for label, job, n in jobs:
-        paired = statistics.median(r[2][job] / r[2]["hf"] for r in rows)
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for job in JOBS:
+        if job not in toks[0]["timings"]:
+            continue
+        label, n = labels[job]
+        med = statistics.median(t["timings"][job] for t in toks)
         print(
-            f"| {label} | {med(job):.3f} | {n:,} | {n / med(job):,.0f} | "
-            f"{n_bytes / 1e6 / med(job):.2f} | {paired:.3f} |"
+            f"| {label} | {med:.3f} | {n:,} | {n / med:,.0f} | {n_bytes / 1e6 / med:.2f} | "
+            f"{paired(job, 'hf'):.3f} | {paired(job, 'prepare_hf'):.3f} |"
         )
+    same_fp = all(
+        t["outputs"]["prepare"]["fingerprint"] == t["outputs"]["prepare_hf"]["fingerprint"]
+        for t in toks
+    )
     print(
         f"prepare writes {prep_tokens:,} tokens: HF's {hf_tokens:,} plus BOS and EOS for each of "
-        f"{len(texts)} documents ({prep_tokens - hf_tokens - 2 * len(texts)} unexplained)"
+        f"{len(texts)} documents ({prep_tokens - hf_tokens - 2 * len(texts)} unexplained); same "
+        f"dataset fingerprint with and without the fast encoder in every round: {same_fp}; "
+        f"encoder note {first['prepare']['encoder']}"
     )
-    if enc is None:
+    fast_same = [ids[1:-1].tolist() for ids in first["fast"]] == hf_ids
+    print(f"fast encoder ids identical to HF over the whole corpus: {fast_same}")
+    if "tiktoken" not in first:
         print("tiktoken is not installed: skipped")
         return
-    same = tk_ids == hf_ids
+    tk_ids = first["tiktoken"]
     diff_docs = sum(a != b for a, b in zip(tk_ids, hf_ids, strict=True))
     ordered, other_splits = bpe_facts(tok_path)
     print(
-        f"tiktoken ids identical to HF over the whole corpus: {same} ({diff_docs} of "
+        f"tiktoken ids identical to HF over the whole corpus: {tk_ids == hf_ids} ({diff_docs} of "
         f"{len(texts)} documents differ); merges in id order: {ordered}; vocabulary entries with a "
         f"two-token split that is not their merge: {other_splits}"
     )

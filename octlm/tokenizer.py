@@ -116,6 +116,11 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._hf.id_to_token(token_id)
 
+    @property
+    def hf(self) -> HFTokenizer:
+        """The HF tokenizer inside, to read its settings (octlm.data.fastbpe); never change it."""
+        return self._hf
+
 
 def check_vocab_size(vocab_size: int) -> None:
     if vocab_size < MIN_VOCAB_SIZE:

@@ -1,8 +1,10 @@
 """Documents -> token shards + manifest, built in a temporary folder and renamed into place.
 
 Each document is encoded as <|bos|> text <|eos|>, documents are concatenated per split and cut
-into shards of at most `shard_tokens`. Nothing is visible at `out` until everything is written,
-so a failure (bad input, full disk, Ctrl-C) leaves no partial dataset and loses no old one.
+into shards of at most `shard_tokens`. The ids are `Tokenizer.encode_batch`'s: `fastbpe`
+computes them faster where that is exact, HF's encode_batch elsewhere (OCTLM_ENCODER=hf:
+everywhere). Nothing is visible at `out` until everything is written, so a failure (bad input,
+full disk, Ctrl-C) leaves no partial dataset and loses no old one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from octlm.data.corpus import DEFAULT_VAL_FRACTION, Document, read_documents, split_documents
+from octlm.data.fastbpe import DocumentEncoder, use_fast_path
 from octlm.data.shards import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
@@ -64,7 +67,7 @@ class _ShardWriter:
         self.buffered = 0
         self.shards: list[dict[str, Any]] = []
 
-    def add(self, ids: list[int]) -> None:
+    def add(self, ids: Sequence[int] | np.ndarray) -> None:
         self.buffer.append(np.asarray(ids, dtype=self.dtype))
         self.buffered += len(ids)
         while self.buffered >= self.limit:
@@ -120,6 +123,7 @@ def _check_out(cfg: PrepareConfig) -> None:
 def prepare(cfg: PrepareConfig, progress: bool | None = None) -> dict[str, Any]:
     """Build the dataset at `cfg.out` and return its manifest. `progress=None`: bar on a TTY."""
     _check_out(cfg)
+    fast = use_fast_path()
     if cfg.tokenizer is None:
         check_vocab_size(cfg.vocab_size)
     docs = read_documents(cfg.inputs)
@@ -134,7 +138,8 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        manifest = _write(cfg, tokenizer, {"train": train_docs, "val": val_docs}, tmp, progress)
+        encoder = DocumentEncoder(tokenizer, fast=fast)
+        manifest = _write(cfg, encoder, {"train": train_docs, "val": val_docs}, tmp, progress)
         _swap_into_place(tmp, cfg.out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -144,11 +149,12 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> dict[str, Any]:
 
 def _write(
     cfg: PrepareConfig,
-    tokenizer: Tokenizer,
+    encoder: DocumentEncoder,
     splits: dict[str, list[Document]],
     folder: Path,
     progress: bool | None,
 ) -> dict[str, Any]:
+    tokenizer = encoder.tokenizer
     dtype = token_dtype(tokenizer.vocab_size)
     total = sum(len(docs) for docs in splits.values())
     bar = tqdm(
@@ -163,7 +169,7 @@ def _write(
             writer = _ShardWriter(folder, split, dtype, cfg.shard_tokens)
             n_tokens = n_bytes = 0
             for chunk in _chunks(splits[split]):
-                for ids in tokenizer.encode_batch([d.text for d in chunk]):
+                for ids in encoder.encode_batch([d.text for d in chunk]):
                     writer.add(ids)
                     n_tokens += len(ids)
                 n_bytes += sum(len(d.text.encode("utf-8")) for d in chunk)
@@ -195,6 +201,7 @@ def _write(
         },
         "dtype": dtype.name,
         "splits": summary,
+        "encoder": encoder.note(),  # a note, like `source`: the fingerprint does not cover it
     }
     manifest["fingerprint"] = dataset_fingerprint(manifest)
     path = folder / MANIFEST_NAME
@@ -238,6 +245,13 @@ def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
         for shard in s["shards"]:
             lines.append(f"        {out / shard['file']}  sha256 {shard['sha256'][:16]}")
     lines.append(f"  vocabulary {tok['vocab_size']:,} ({manifest['dtype']} shards)")
+    if "encoder" in manifest:
+        enc = manifest["encoder"]
+        why = f" ({enc['hf_because']})" if "hf_because" in enc else ""
+        lines.append(
+            f"  encoder    {enc['piecewise']:,} documents split-and-dedupe, {enc['hf']:,} HF "
+            f"encode_batch{why}; same ids either way"
+        )
     lines.append(f"  tokenizer  {out / tok['file']}  fingerprint {tok['fingerprint']}")
     lines.append(f"  dataset fingerprint {manifest['fingerprint']}")
     return lines
