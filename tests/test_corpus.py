@@ -183,6 +183,19 @@ def test_read_jsonl_keeps_unicode_line_separators_inside_text(tmp_path):
     assert [d.text for d in read_documents([path])] == [text]
 
 
+@pytest.mark.parametrize("field", ["text", "id"])
+def test_read_jsonl_with_a_lone_surrogate_is_one_clear_error(tmp_path, field):
+    path = tmp_path / "docs.jsonl"
+    record = {"id": "a", "text": "fine"}
+    record[field] = "half \ud800 of a pair"
+    path.write_text('{"text": "ok"}\n' + json.dumps(record) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"docs.jsonl:2 holds a lone surrogate \\ud800"):
+        read_documents([path])
+    pair = {"text": "a pair \ud83c\udfad is fine"}  # json.loads joins the halves
+    path.write_text(json.dumps(pair) + "\n", encoding="utf-8")
+    assert read_documents([path])[0].text == "a pair \U0001f3ad is fine"
+
+
 def test_read_several_inputs_in_order(tmp_path):
     (tmp_path / "b.txt").write_text("bee")
     (tmp_path / "a.jsonl").write_text('{"id": "x", "text": "ex"}\n')

@@ -105,7 +105,17 @@ def _read_file(path: Path, name: str) -> list[Document]:
             ) from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{path}:{lineno} has no string field 'text'", "add one to each line")
-        docs.append(Document(str(record.get("id", f"{name}:{lineno}")), record["text"]))
+        doc = Document(str(record.get("id", f"{name}:{lineno}")), record["text"])
+        for field in (doc.text, doc.id):
+            try:
+                field.encode("utf-8")
+            except UnicodeEncodeError as exc:  # JSON can escape half of a surrogate pair
+                raise DataError(
+                    f"{path}:{lineno} holds a lone surrogate \\u{ord(field[exc.start]):04x}, "
+                    "which is not text",
+                    "write the character itself, or both halves of its surrogate pair",
+                ) from None
+        docs.append(doc)
     return docs
 
 
