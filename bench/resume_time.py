@@ -9,8 +9,9 @@ Run is resumed in-process, its counters (TrainState.step/tokens/elapsed, Sampler
 AdamW's per-parameter `step`) are set to 10,000 and it is saved with `Run.save`, so the
 checkpoint is exactly what a run at step 10,000 would write except for the weight values;
 its log is rebuilt to the length a real 10,000-step run writes (10,000 `step` records, a
-`val` and a `hash` record every 20 steps, the `stop` event), because resuming rewrites the
-log. A third folder, step 10,000 with the short 10-step log, separates the log's share.
+`val` and a `hash` record every 20 steps, the `stop` event), because resuming cuts the
+log back to the checkpoint's step. A third folder, step 10,000 with the short 10-step log,
+separates the log's share.
 
 Timed: `python -m octlm train ... --resume --stop-at STEP+1` as a subprocess on a fresh copy of
 each folder, from just before the process starts to the moment the log holds the first
@@ -187,7 +188,7 @@ def main() -> None:
     base = "step 10"
     print(
         "\n| resumed at | seconds to first resumed step (median) | range | "
-        "time / step-10 time (median paired) | its log rewrite, in-process ms |"
+        "time / step-10 time (median paired) | its log cut (truncate_after), in-process ms |"
     )
     print("|---|---:|---|---:|---:|")
     for name, ts in times.items():
