@@ -150,10 +150,11 @@ class Splitter:
         if text.isascii():
             pieces = self._pattern.findall(text)
         else:
-            new = {c for c in set(text) if ord(c) not in self._stand_in}
+            chars = set(text)
+            new = {c for c in chars if ord(c) not in self._stand_in}
             for c, cls in classify(self._pre, new).items():
                 self._stand_in[ord(c)] = None if cls is None else self._base[cls]
-            if any(self._stand_in[ord(c)] is None for c in set(text)):
+            if any(self._stand_in[ord(c)] is None for c in chars):
                 return None
             ends = list(accumulate(map(len, self._pattern.findall(text.translate(self._stand_in)))))
             pieces = [text[a:b] for a, b in zip([0, *ends], ends, strict=False)]

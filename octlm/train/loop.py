@@ -144,7 +144,7 @@ def _finish_saves_quietly(run: Run) -> None:
     to report, so a second one from the write is only noted."""
     try:
         run.saver.close()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         print(f"octlm: note: the last checkpoint write failed too ({exc})", file=sys.stderr)
 
 
