@@ -61,7 +61,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
 _CHOICES = {
-    "model": ("tiny", "small", "main"),
+    "model": ("micro", "tiny", "small", "main"),
     "dtype": ("fp32", "bf16", "fp16"),
     "parallel": ("ddp", "fsdp"),
 }

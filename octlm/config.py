@@ -27,7 +27,7 @@ class ConfigError(OctlmError):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     model: str = "small"
-    """Model preset: tiny, small or main."""
+    """Model preset: micro, tiny, small or main."""
     out: str = "runs/octlm"
     """Run folder: log.jsonl, checkpoints, snapshots."""
     data: str | None = None

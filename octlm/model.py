@@ -100,6 +100,11 @@ class ModelConfig:
 
 
 PRESETS: dict[str, ModelConfig] = {
+    # A test-sized model (about 30k parameters at vocabulary 300): the committed golden run
+    # folder and quick smoke runs, where a checkpoint must stay a few hundred KB.
+    "micro": ModelConfig(
+        vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96, context=64
+    ),
     # Fast enough for CPU tests and demos (2.36M parameters at vocabulary 4096), yet big enough
     # to memorise a block at the first seed's 3e-4 within its 200 steps.
     "tiny": ModelConfig(
