@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.octlm-installed
 DEMO := runs/demo
 
-.PHONY: demo test lint clean browser
+.PHONY: demo test test-fast lint clean browser
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# The fast lane: everything not marked slow (no subprocess, no torchrun, no browser). Exit code
+# 5 (no tests collected) fails the target like any other non-zero exit.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

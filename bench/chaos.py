@@ -5,6 +5,8 @@
 Runs the config straight through once for reference. Then runs it again in a subprocess and
 kills it with SIGKILL after a random delay, over and over, each time re-running the same
 `octlm train ... --resume` command, until `--kills` kills have landed; then lets it finish.
+Runs are launched with `octlm.tools.subrun`: the config and the flags given here are written
+once into one TOML file that every run reads.
 Saves are slowed by the OCTLM_CHAOS_SAVE_PAUSE fault-injection point so that some kills land
 in the middle of a checkpoint write. Prints kills survived, kills during a save, steps redone,
 and whether the final weights_sha256 equals the straight run's (exit 0 only if identical).
@@ -23,27 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from octlm.config import make_config
 from octlm.runlog import read_log
-
-
-def train_cmd(args: argparse.Namespace, out: Path, resume: bool) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "octlm",
-        "train",
-        "--config",
-        args.config,
-        "--out",
-        str(out),
-        "--ckpt-every",
-        str(args.ckpt_every),
-        "--no-progress",
-    ]
-    for flag, value in (("--steps", args.steps), ("--data", args.data)):
-        if value is not None:
-            cmd += [flag, str(value)]
-    return cmd + (["--resume"] if resume else [])
+from octlm.tools import subrun
 
 
 def end_hash(out: Path) -> str | None:
@@ -52,18 +36,10 @@ def end_hash(out: Path) -> str | None:
 
 
 def last_logged_step(out: Path) -> int:
-    path = out / "log.jsonl"
-    if not path.exists():
+    if not (out / "log.jsonl").exists():
         return -1
-    steps = [-1]
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the kill
-        if record.get("type") == "step":
-            steps.append(record["step"])
-    return max(steps)
+    # read_log skips a line cut short by the kill
+    return max([-1] + [r["step"] for r in read_log(out) if r["type"] == "step"])
 
 
 def checkpoint_step(out: Path) -> int:
@@ -100,7 +76,12 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="octlm-chaos-", dir=args.workdir))
 
     t0 = time.time()
-    subprocess.run(train_cmd(args, root / "straight", False), check=True, capture_output=True)
+    cfg = make_config(args.config, steps=args.steps, data=args.data, ckpt_every=args.ckpt_every)
+    config = subrun.write_config(cfg, root / "config.toml")
+    error = subrun.train(config, root / "straight")
+    if error is not None:
+        print(f"straight run failed: {error}")
+        return 2
     reference = end_hash(root / "straight")
     print(f"straight run: weights_sha256 {reference}  ({time.time() - t0:.0f} s)", flush=True)
 
@@ -111,7 +92,10 @@ def main() -> int:
         restarts += 1
         orphans_before = unlisted(out)
         proc = subprocess.Popen(
-            train_cmd(args, out, True), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            subrun.train_argv(config, out, "--resume"),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         if kills < args.kills:
             try:
@@ -128,7 +112,7 @@ def main() -> int:
             proc.wait()
         err = proc.stderr.read().decode() if proc.stderr else ""
         if proc.returncode != 0:
-            print(f"run failed (exit {proc.returncode}): {err.strip().splitlines()[-1:]}")
+            print(f"run failed (exit {proc.returncode}): {subrun.last_line(err)}")
             return 2
         if end_hash(out) is not None:
             break

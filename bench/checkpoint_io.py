@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.checkpoint_io [--rounds 5] [--fraction-rounds 5] [--log-steps 42]
 
-1. Save and load of a real Run's checkpoint (`Run.checkpoint_meta_and_tensors` after one real
+1. Save and load of a real Run's checkpoint (`ckpt.pack(run.state_dict())` after one real
    step, so the AdamW moments exist) with octlm's `save_checkpoint` / `load_checkpoint`,
    against `torch.save` / `torch.load(weights_only=True)` of the same tensors in the same
    folder, interleaved round by round (the order inside a round alternates). octlm's save is
@@ -10,11 +10,11 @@
    as it writes it (xxh3-128) and rewrites latest.json the same way; its load checks the
    checksum first. So `torch.save` + fsync and a load without the check are shown too, to say
    where the difference goes. With background writes (the default) the loop waits only for the
-   private host copy of the tensors (`Run.checkpoint_meta_and_tensors(private=True)`), timed
-   as "async: loop waits". Files are read back from the page cache (no cache dropping here).
+   private host copy of the state (`ckpt.host_copy`, as `Run.save` takes it), timed as "async:
+   loop waits". Files are read back from the page cache (no cache dropping here).
    Models: tiny and the small shape at the demo data's vocabulary 4096 (real Runs), and the
-   seed's small (vocabulary 32768, 22.0M parameters; model + AdamW + RNG built directly, as
-   `Run.checkpoint_meta_and_tensors` builds them).
+   seed's small (vocabulary 32768, 22.0M parameters; model + AdamW + RNG built directly and
+   packed with `ckpt.pack`, as `Run.save` packs a run's state).
 
 2. Validation and checkpoint share of wall time at the seed's intervals (small.toml: validate
    every 20 steps on 40 micro-batches, weights hash at every validation, checkpoint every 40
@@ -22,23 +22,24 @@
    context 128, accumulation 4 instead of 32 and 5 validation micro-batches instead of 40 (the
    seed's 40:32 ratio of validation to training micro-batches per step is kept, so validation's
    share is the seed's; a checkpoint's share is not, since its cost does not scale with the
-   step). (a) `Run.validate`, the hash, and `Run.save` timed against one real step, interleaved,
-   with background writes (the default: `Run.save`'s own time plus the extra time of the steps
-   that run while the write is in flight) and with `--no-async-checkpoint`; (b) real `octlm
-   train` runs' logs, both ways: the `elapsed` gap after a validation or checkpoint step minus
-   the median ordinary gap (for a checkpoint, plus the excess of the next steps, which run
-   beside a background write). Both are put on the seed's 440-step schedule (22 validations,
-   22 hashes, 11 checkpoints). Last, a projection for the seed's GPU run (not a measurement):
-   the measured validation/step ratio plus this disk's save time of the 22M checkpoint and
-   snapshot against the 5.27 s step of small.toml's comment (524,288 tokens at ~99,500 tok/s).
+   step). (a) `Run.validate`, the hash, and `Run.save` timed against one real step (the loop's
+   `advance`), interleaved, with background writes (the default: `Run.save`'s own time plus the
+   extra time of the steps that run while the write is in flight) and with
+   `--no-async-checkpoint`; (b) real `octlm train` runs' logs, both ways: the `elapsed` gap
+   after a validation or checkpoint step minus the median ordinary gap (for a checkpoint, plus
+   the excess of the next steps, which run beside a background write). Both are put on the
+   seed's 440-step schedule (22 validations, 22 hashes, 11 checkpoints). Last, a projection for
+   the seed's GPU run (not a measurement): the measured validation/step ratio plus this disk's
+   save time of the 22M checkpoint and snapshot against the 5.27 s step of small.toml's comment
+   (524,288 tokens at ~99,500 tok/s).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,18 +48,23 @@ import torch
 from safetensors.torch import save_file
 
 from octlm.config import make_config
+from octlm.fsutil import fsync_path
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, preset
 from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
-from octlm.train.loop import Run, train
+from octlm.train.loop import train
 from octlm.train.optim import build_optimizer
+from octlm.train.run import Run, build_run
 from octlm.train.saver import BackgroundSaver
-from octlm.train.schedule import learning_rate
-from octlm.train.state import capture_rng
-from octlm.train.step import train_step
+from octlm.train.state import rng_state_dict
+from octlm.train.step import advance
 
-DATA = "runs/demo/data"
+if not __package__:  # run as `python bench/checkpoint_io.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import DATA
+
 SEED_STEPS, SEED_VAL_EVERY, SEED_CKPT_EVERY = 440, 20, 40
 SEED_STEP_SECONDS = 524_288 / 99_500  # configs/small.toml: ~99,500 tokens/s on the seed's GPU
 
@@ -86,26 +92,13 @@ def run_config(model: str, out: Path, data: str, **overrides):
 
 def one_step(run: Run) -> None:
     """One optimizer step exactly as the loop takes it (without logging)."""
-    cfg, s = run.cfg, run.state.step
-    train_step(
-        run.forward,
-        run.optimizer,
-        [run.sampler.batch(s, m) for m in range(cfg.accum)],
-        lr=learning_rate(s, cfg),
-        grad_clip=cfg.grad_clip,
-        device=run.device,
-        dtype=cfg.dtype,
-        scaler=run.scaler,
-        clip_model=run.model,
-        before_backward=run.sync,
-    )
-    run.state.step = run.sampler.step = s + 1
+    advance(run, validating=False)
 
 
 def seed_small_state(meta: dict) -> tuple[dict, dict[str, torch.Tensor], float]:
     """The seed's small model (vocabulary 32768) after one AdamW step on random tokens, as the
-    tensors and metadata `Run.checkpoint_meta_and_tensors` writes (meta borrowed from a Run),
-    and the median seconds that gathering takes."""
+    metadata and tensors `Run.save` packs (the rest of the run's state borrowed from a Run's
+    meta), and the median seconds that gathering and packing take."""
     torch.manual_seed(0)
     model = GPT(preset("small", context=128))
     opt = build_optimizer(model, make_config(None, model="small"))
@@ -115,27 +108,22 @@ def seed_small_state(meta: dict) -> tuple[dict, dict[str, torch.Tensor], float]:
     opt.step()
     opt.zero_grad(set_to_none=True)
 
+    borrowed = {key: meta[key] for key in (ckpt.TRAIN_STATE, ckpt.SAMPLER, *ckpt.IDENTITY_KEYS)}
+    borrowed["model_config"] = model.config.to_dict()
+
     def gather():
-        optim_meta, optim_tensors = ckpt.optimizer_to_flat(opt)
-        rng_meta, rng_tensors = capture_rng()
-        tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
-        tensors.update(optim_tensors)
-        tensors.update({f"rng.{k}": v for k, v in rng_tensors.items()})
-        return optim_meta, rng_meta, tensors
+        state = {  # as Run.state_dict gives it in one process
+            ckpt.MODEL: model.state_dict(),
+            ckpt.OPTIMIZER: opt.state_dict(),
+            ckpt.SCALER: None,
+            ckpt.RNG: [rng_state_dict()],
+            **borrowed,
+        }
+        return ckpt.pack(state)  # type: ignore[arg-type]
 
     seconds = statistics.median(timed(gather) for _ in range(3))
-    optim_meta, rng_meta, tensors = gather()
-    meta = {**meta, "optimizer": optim_meta, "rng": rng_meta}
-    meta["model_config"] = model.config.to_dict()
-    return meta, tensors, seconds
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    packed_meta, tensors = gather()
+    return packed_meta, tensors, seconds
 
 
 def timed(fn) -> float:
@@ -161,7 +149,7 @@ def io_rounds(name, meta, tensors, folder: Path, rounds: int) -> dict[str, list[
 
     def save_c():
         torch.save(tensors, plain)
-        fsync_file(plain)
+        fsync_path(plain)
 
     def load_octlm(check: bool):
         def load():
@@ -172,7 +160,7 @@ def io_rounds(name, meta, tensors, folder: Path, rounds: int) -> dict[str, list[
 
     jobs = {
         "save octlm": lambda: ckpt.save_checkpoint(a_dir, step, meta, tensors),
-        "async copy": lambda: {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()},
+        "async copy": lambda: ckpt.host_copy(meta, tensors),
         "save safetensors": lambda: save_file(tensors, str(raw)),
         "save torch": lambda: torch.save(tensors, plain),
         "save torch+fsync": save_c,
@@ -199,9 +187,9 @@ def checkpoint_io(args, tmp: Path) -> dict[str, float]:
     print("== 1. checkpoint save/load: octlm against torch.save/load, same tensors, same disk")
     states = {}
     for model in ("tiny", "small"):
-        run = Run(run_config(model, tmp / f"run-{model}", args.data, context=args.context))
+        run = build_run(run_config(model, tmp / f"run-{model}", args.data, context=args.context))
         one_step(run)
-        states[f"{model} (vocab 4096)"] = run.checkpoint_meta_and_tensors()
+        states[f"{model} (vocab 4096)"] = ckpt.pack(run.state_dict())
         if model == "small":
             seed_meta = states[f"{model} (vocab 4096)"][0]
             *state, gather = seed_small_state(seed_meta)
@@ -294,7 +282,7 @@ def eval_ckpt_fraction(
         f"micro-batches; val every {SEED_VAL_EVERY}, hash at each, checkpoint + snapshot every "
         f"{SEED_CKPT_EVERY}, {SEED_STEPS} steps)"
     )
-    run = Run(run_config("small", tmp / "fraction", args.data, **ov))
+    run = build_run(run_config("small", tmp / "fraction", args.data, **ov))
     savers = {"background": run.saver, "in line": BackgroundSaver(background=False)}
     one_step(run)  # warm-up
     run.validate()

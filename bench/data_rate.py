@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +41,11 @@ from octlm.data.shards import ShardDataset
 from octlm.model import GPT, preset
 from octlm.tokenizer import SPECIAL_TOKENS, Tokenizer
 
-DATA = "runs/demo/data"
+if not __package__:  # run as `python bench/data_rate.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import DATA
+
 GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 SEED_GPU_TOKENS_PER_S = 99_500  # configs/small.toml's comment
 JOBS = ("prepare", "prepare_hf", "hf", "fast", "tiktoken")

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from bench.loop_overhead import octlm_step_times
 from octlm.config import make_config
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, preset
+
+if not __package__:  # run as `python bench/exactness_costs.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.loop_overhead import octlm_step_times
 
 
 def hash_seconds(name: str, repeats: int = 3) -> tuple[float, int]:

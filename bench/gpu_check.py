@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
-from bench.loop_overhead import octlm_step_times
 from octlm.config import make_config
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak, store_peak
+
+if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.loop_overhead import octlm_step_times
 
 VARIANTS = {
     "bf16": {},
@@ -81,8 +87,9 @@ def speed(args: argparse.Namespace) -> None:
 
 
 def exactness(args: argparse.Namespace) -> None:
-    from octlm.rundiff import diff_runs
-    from octlm.verify import format_table, verify_resume
+    from octlm.runlog import read_log
+    from octlm.tools.rundiff import diff_runs
+    from octlm.tools.verify import format_table, verify_resume
 
     model = args.models.split(",")[0]
     flags = {"fused": "fused" in args.variants, "compile": "compile" in args.variants}
@@ -93,8 +100,6 @@ def exactness(args: argparse.Namespace) -> None:
         print("\n".join(format_table(summaries)))
         if not deterministic:  # the straight run against a second straight run
             summaries2, kept2 = verify_resume(cfg, [args.split], keep=True, echo=lambda _: None)
-            from octlm.runlog import read_log
-
             result = diff_runs(read_log(kept / "straight"), read_log(kept2 / "straight"))
             first = "match" if result.first is None else f"part at step {result.first.step}"
             print(

@@ -5,17 +5,18 @@
 A resume must not grow with the step: the data order and the schedule are pure functions of
 (seed, step), so nothing is replayed. Setup (untimed): a tiny run on the demo data trained to
 step 10 and stopped (checkpoint at 10). The step-10,000 folder is made from it honestly: the
-Run is resumed in-process, its counters (TrainState.step/tokens/elapsed, Sampler.step and
-AdamW's per-parameter `step`) are set to 10,000 and it is saved with `Run.save`, so the
-checkpoint is exactly what a run at step 10,000 would write except for the weight values;
-its log is rebuilt to the length a real 10,000-step run writes (10,000 `step` records, a
-`val` and a `hash` record every 20 steps, the `stop` event), because resuming cuts the
-log back to the checkpoint's step. A third folder, step 10,000 with the short 10-step log,
-separates the log's share.
+Run is resumed in-process, its counters (TrainState.step/tokens/elapsed and AdamW's
+per-parameter `step`) are set to 10,000 and it is saved with `Run.save`, so the checkpoint is
+exactly what a run at step 10,000 would write except for the weight values; its log is rebuilt
+to the length a real 10,000-step run writes (10,000 `step` records, a `val` and a `hash` record
+every 20 steps, the `stop` event), because resuming cuts the log back to the checkpoint's step.
+A third folder, step 10,000 with the short 10-step log, separates the log's share.
 
 Timed: `python -m octlm train ... --resume --stop-at STEP+1` as a subprocess on a fresh copy of
-each folder, from just before the process starts to the moment the log holds the first
-resumed `step` record (polled every 2 ms); variants interleaved, order alternating per repeat.
+each folder (launched as `octlm.tools.subrun` launches every tool's runs: the settings in one
+TOML file written beforehand), from just before the process starts to the moment the log holds
+the first resumed `step` record (polled every 2 ms); variants interleaved, order alternating
+per repeat.
 """
 
 from __future__ import annotations
@@ -35,9 +36,15 @@ import torch
 
 from octlm.config import make_config
 from octlm.runlog import RunLog, read_log
-from octlm.train.loop import Run, train
+from octlm.tools import subrun
+from octlm.train.loop import train
+from octlm.train.run import build_run, resume
 
-DATA = "runs/demo/data"
+if not __package__:  # run as `python bench/resume_time.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import DATA
+
 FAR = 10_000
 SETTINGS = {
     "model": "tiny",
@@ -53,10 +60,6 @@ SETTINGS = {
     "val_batches": 8,
     "ckpt_every": 1000,
 }
-
-
-def cli_flags(settings: dict) -> list[str]:
-    return [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
 
 
 def synthetic_log(short: list[dict], step: int, tokens_per_step: int) -> str:
@@ -79,15 +82,18 @@ def synthetic_log(short: list[dict], step: int, tokens_per_step: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_folders(root: Path, data: str) -> dict[str, tuple[Path, int]]:
+def build_folders(root: Path, data: str) -> tuple[dict[str, tuple[Path, int]], Path]:
+    """The three run folders (with the step each resumes at), and the TOML file of their
+    settings that the timed resumes read."""
     cfg = make_config(None, data=data, progress=False, **SETTINGS)
+    config = subrun.write_config(cfg, root / "config.toml")
     near = root / "at-10"
     train(cfg.replace(out=str(near), stop_at=10))
     far = root / "at-10000"
     shutil.copytree(near, far)
-    run = Run(cfg.replace(out=str(far), resume=True))
-    run.resume()
-    run.state.step = run.sampler.step = FAR
+    run = build_run(cfg.replace(out=str(far), resume=True))
+    resume(run)
+    run.state.step = FAR
     run.state.tokens = FAR * run.tokens_per_step
     run.state.elapsed *= FAR / 10
     for state in run.optimizer.state.values():
@@ -102,11 +108,12 @@ def build_folders(root: Path, data: str) -> dict[str, tuple[Path, int]]:
     far_short = root / "at-10000-short-log"
     shutil.copytree(far, far_short)
     (far_short / "log.jsonl").write_text(short_log, encoding="utf-8")
-    return {
+    folders = {
         "step 10": (near, 10),
         f"step {FAR:,}": (far, FAR),
         f"step {FAR:,}, 10-step log": (far_short, FAR),
     }
+    return folders, config
 
 
 def first_step_seen(log: Path, step: int) -> bool:
@@ -120,11 +127,10 @@ def first_step_seen(log: Path, step: int) -> bool:
         return False
 
 
-def time_resume(src: Path, step: int, data: str, work: Path, threads: int) -> float:
+def time_resume(src: Path, step: int, config: Path, work: Path, threads: int) -> float:
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(src, work)
-    cmd = [sys.executable, "-m", "octlm", "train", *cli_flags(SETTINGS), f"--data={data}"]
-    cmd += [f"--out={work}", "--resume", f"--stop-at={step + 1}", "--no-progress"]
+    cmd = subrun.train_argv(config, work, "--resume", f"--stop-at={step + 1}")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     log = work / "log.jsonl"
     t0 = time.perf_counter()
@@ -169,7 +175,7 @@ def main() -> None:
     data = str(Path(args.data).resolve())
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
         root = Path(tmp)
-        folders = build_folders(root, data)
+        folders, config = build_folders(root, data)
         for name, (path, _) in folders.items():
             n = len((path / "log.jsonl").read_text(encoding="utf-8").splitlines())
             size = sum(p.stat().st_size for p in (path / "checkpoints").glob("*.safetensors"))
@@ -179,7 +185,7 @@ def main() -> None:
             names = list(folders) if r % 2 == 0 else list(reversed(folders))
             for name in names:
                 path, step = folders[name]
-                times[name].append(time_resume(path, step, data, root / "work", args.threads))
+                times[name].append(time_resume(path, step, config, root / "work", args.threads))
             print(f"repeat {r}: " + "  ".join(f"{n} {times[n][-1]:.3f} s" for n in folders))
         trunc = {
             name: truncate_ms(path, step, root / "trunc", args.repeats)

@@ -18,7 +18,9 @@ else (data, the loop's bookkeeping inside train_step, logging, the rest of the l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -30,16 +32,19 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import octlm.runlog
-import octlm.train.loop
 import octlm.train.step
-from bench.loop_overhead import bare_step_times, octlm_step_times
 from octlm.config import make_config
 from octlm.data.order import Sampler
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak
 from octlm.train.loop import train
 
-DATA = "runs/demo/data"
+if not __package__:  # run as `python bench/step_mfu.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import DATA
+from bench.loop_overhead import bare_step_times, octlm_step_times
+
 VOCAB = 4096
 
 # Profiler labels: the model's own work, and the rest.
@@ -88,7 +93,7 @@ def profile_steps(cfg, active: int) -> dict:
         record_shapes=False,
     )
     real_write = octlm.runlog.RunLog.write
-    real_train_step = octlm.train.loop.train_step
+    real_train_step = octlm.train.step.train_step
 
     def write(self, record_type, **fields):
         with record_function("octlm::log"):
@@ -96,19 +101,22 @@ def profile_steps(cfg, active: int) -> dict:
         if record_type == "step":
             prof.step()
 
-    def train_step(model, *a, **k):
+    def train_step(setup, *a, **k):
+        labelled = dataclasses.replace(setup, forward=_labelled(setup.forward, "octlm::forward"))
         with record_function("octlm::train_step"):
-            return real_train_step(_labelled(model, "octlm::forward"), *a, **k)
+            return real_train_step(labelled, *a, **k)
 
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        # Patched where they are looked up: `advance` (octlm.train.step) calls train_step and
+        # learning_rate, train_step calls clip_grad_norm.
         patches = [
             mock.patch.object(octlm.runlog.RunLog, "write", write),
-            mock.patch.object(octlm.train.loop, "train_step", train_step),
+            mock.patch.object(octlm.train.step, "train_step", train_step),
             mock.patch.object(Sampler, "batch", _labelled(Sampler.batch, "octlm::data")),
             mock.patch.object(
-                octlm.train.loop,
+                octlm.train.step,
                 "learning_rate",
-                _labelled(octlm.train.loop.learning_rate, "octlm::lr"),
+                _labelled(octlm.train.step.learning_rate, "octlm::lr"),
             ),
             mock.patch.object(
                 octlm.train.step,

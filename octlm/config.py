@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,88 +24,98 @@ class ConfigError(OctlmError):
     """A bad setting in a TOML file or on the command line."""
 
 
+def _trajectory(default: Any) -> Any:
+    """A setting that decides the numbers a run computes: part of the resume fingerprint."""
+    return field(default=default, metadata={"trajectory": True})
+
+
+def _setting(default: Any) -> Any:
+    """Where files go, how often to look, when to stop: changes not a single computed bit."""
+    return field(default=default, metadata={"trajectory": False})
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
-    model: str = "small"
+    model: str = _trajectory("small")
     """Model preset: micro, tiny, small or main."""
-    out: str = "runs/octlm"
+    out: str = _setting("runs/octlm")
     """Run folder: log.jsonl, checkpoints, snapshots."""
-    data: str | None = None
+    data: str | None = _setting(None)  # checked through the dataset fingerprint instead
     """Prepared dataset folder (`octlm prepare`); default: the embedded corpus."""
-    steps: int = 440
+    steps: int = _trajectory(440)
     """Optimizer steps in the whole run (the cosine ends here)."""
-    warmup: int = 20
+    warmup: int = _trajectory(20)
     """Linear warmup steps."""
-    lr: float = 1.5e-3
+    lr: float = _trajectory(1.5e-3)
     """Peak learning rate."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = _trajectory(0.1)
     """Floor of the cosine as a fraction of the peak."""
-    micro_batch: int = 16
+    micro_batch: int = _trajectory(16)
     """Sequences per micro-batch."""
-    accum: int = 32
+    accum: int = _trajectory(32)
     """Micro-batches per optimizer step (gradient accumulation)."""
-    context: int = 1024
+    context: int = _trajectory(1024)
     """Tokens per sequence (at most the preset's context)."""
-    beta1: float = 0.9
+    beta1: float = _trajectory(0.9)
     """AdamW decay rate of the gradient mean (first moment)."""
-    beta2: float = 0.95
+    beta2: float = _trajectory(0.95)
     """AdamW decay rate of the squared-gradient mean (second moment)."""
-    eps: float = 1e-8
+    eps: float = _trajectory(1e-8)
     """AdamW epsilon added to the root of the second moment."""
-    weight_decay: float = 0.1
+    weight_decay: float = _trajectory(0.1)
     """AdamW decoupled weight decay, applied to tensors with 2+ dimensions only."""
-    grad_clip: float = 1.0
+    grad_clip: float = _trajectory(1.0)
     """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
-    dropout: float = 0.0
+    dropout: float = _trajectory(0.0)
     """Model dropout (attention and residual)."""
-    seed: int = 1337
+    seed: int = _trajectory(1337)
     """Seeds the model init and the data order."""
-    blocks: str | None = None
+    blocks: str | None = _setting(None)  # its blocks' content is part of the data fingerprint
     """Train and validate on in-memory blocks made from this text/JSONL file (the first seed's
     path: a short stream is padded and PAD targets are masked); the tokenizer comes from data."""
-    overfit_blocks: int = 0
+    overfit_blocks: int = _trajectory(0)
     """If > 0, train and validate on only the first N blocks of the train stream (seed 1, Day 1)."""
-    dtype: str = "bf16"
+    dtype: str = _trajectory("bf16")
     """fp32, or autocast over fp32 weights with bf16 or fp16 (fp16 adds a GradScaler)."""
-    compile: bool = False
+    compile: bool = _trajectory(False)
     """Wrap the model with torch.compile."""
-    fused: bool = False
+    fused: bool = _trajectory(False)
     """Use the fused AdamW kernel."""
-    deterministic: bool = False
+    deterministic: bool = _trajectory(False)
     """torch.use_deterministic_algorithms(True) plus the CUDA settings it needs."""
-    parallel: str = "ddp"
+    parallel: str = _trajectory("ddp")
     """With several processes (torchrun): ddp (replicated) or fsdp (FSDP2, sharded)."""
-    device: str = "auto"
+    device: str = _setting("auto")  # checked through the build record instead
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
-    val_every: int = 20
+    val_every: int = _setting(20)
     """Validate every N steps and at the end; 0 disables periodic validation."""
-    val_batches: int = 40
+    val_batches: int = _setting(40)
     """Micro-batches of the validation stream to evaluate (always the same first ones)."""
-    hash_every: int | None = None
+    hash_every: int | None = _setting(None)
     """Write the model's weights_sha256 to the log every N steps; default: at every validation;
     0: only at the end."""
-    ckpt_every: int = 40
+    ckpt_every: int = _setting(40)
     """Checkpoint every N steps and at the end; 0 = only at the end and on interruption."""
-    keep_last: int = 2
+    keep_last: int = _setting(2)
     """Full checkpoints kept (rotated); a damaged newest one falls back to the one before."""
-    keep_ckpts: bool = False
+    keep_ckpts: bool = _setting(False)
     """Also keep a weights-only snapshot at every checkpoint."""
-    async_checkpoint: bool = True
+    async_checkpoint: bool = _setting(True)  # it writes a private copy
     """Write checkpoints in a background thread from a private copy of the state, so training
     goes on while they are written; every exit waits for the write in flight."""
-    stop_at: int | None = None
+    stop_at: int | None = _setting(None)
     """Stop cleanly once this many steps are done, with a checkpoint, as an interruption would."""
-    resume: bool = False
+    resume: bool = _setting(False)
     """Continue from the newest valid checkpoint in `out` (start fresh if it holds none)."""
-    allow_config_change: bool = False
+    allow_config_change: bool = _setting(False)
     """Resume even though trajectory settings changed (e.g. more steps); the log records that
     the run is no longer exact."""
-    skip_nonfinite: bool = False
+    skip_nonfinite: bool = _setting(False)  # acts only when logged
     """Skip steps with a non-finite loss or gradient norm (counted in the log) instead of
     stopping."""
-    peak_tflops: float | None = None
+    peak_tflops: float | None = _setting(None)
     """Device peak for MFU; default: a table for known GPUs, none on CPU."""
-    progress: bool | None = None
+    progress: bool | None = _setting(None)
     """Progress bar: on a terminal by default."""
 
     def __post_init__(self) -> None:
@@ -171,8 +181,9 @@ class TrainConfig:
         return d
 
     @property
-    def fingerprint(self) -> str:
-        return sha256_json(self.trajectory())
+    def hash_interval(self) -> int:
+        """Steps between weights hashes in the log: hash_every, by default val_every."""
+        return self.val_every if self.hash_every is None else self.hash_every
 
     def fingerprint_for(self, world: int) -> str:
         return sha256_json(self.trajectory(world))
@@ -181,26 +192,8 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
-# Where files go, how often to look, and when to stop do not change a single computed bit.
-NON_TRAJECTORY_KEYS = (
-    "out",
-    "data",  # checked separately through the dataset fingerprint
-    "blocks",  # likewise: its blocks' content is part of the data fingerprint
-    "hash_every",
-    "val_every",
-    "val_batches",
-    "ckpt_every",
-    "keep_ckpts",
-    "keep_last",
-    "async_checkpoint",  # the write works on a private copy taken between two steps
-    "allow_config_change",
-    "skip_nonfinite",  # changes nothing unless a step is non-finite, when it is logged
-    "stop_at",
-    "resume",
-    "peak_tflops",
-    "progress",
-    "device",  # checked separately through the build record
-)
+# Derived from the fields' own marks: a new field must say whether it is part of the run.
+NON_TRAJECTORY_KEYS = tuple(f.name for f in fields(TrainConfig) if not f.metadata["trajectory"])
 
 
 def _is_int(value: Any) -> bool:
@@ -218,7 +211,12 @@ def config_keys() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
+SWEEP_KEYS = ("grid", "sets", "repeats")
+
+
+def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(train keys, [sweep] table) of a TOML file; unknown keys are errors. The [sweep] table
+    (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read only with `sweep`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}", "check the --config path")
@@ -226,13 +224,38 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the file") from None
+    table = data.pop("sweep", {}) if sweep else {}
+    if not isinstance(table, dict) or set(table) - set(SWEEP_KEYS):
+        bad = sorted(set(table) - set(SWEEP_KEYS)) if isinstance(table, dict) else table
+        raise ConfigError(f"{path}: unknown [sweep] key(s) {bad}", f"use {', '.join(SWEEP_KEYS)}")
     unknown = sorted(set(data) - set(config_keys()))
     if unknown:
         raise ConfigError(
             f"{path}: unknown key(s) {', '.join(unknown)}",
             "see `octlm train --help` for the keys (flags with - replaced by _)",
         )
-    return data
+    return data, table
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """The train keys of a TOML file (a [sweep] table is an unknown key here)."""
+    return read_toml(path)[0]
+
+
+def to_toml(values: dict[str, Any]) -> str:
+    """A flat TOML document of str/int/float/bool values (None values are left out)."""
+    lines = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        else:
+            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
 
 
 def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainConfig:

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from octlm.data.blocks import TokenBlocks
-from octlm.data.order import windows
-from octlm.data.shards import TokenStream
-from octlm.model import IGNORE_INDEX
-from octlm.train.step import autocast
+from octlm.data.order import validation_starts, windows
+from octlm.data.shards import ShardDataset, TokenStream
+from octlm.device import autocast
+from octlm.model import GPT, IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,76 @@ def evaluate(
     """Mean loss over the windows starting at `starts` (each context + 1 tokens)."""
     batches = stream_batches(stream, starts, context, micro_batch)
     return evaluate_batches(model, batches, token_bytes=token_bytes, device=device, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """The fixed windows a run validates on: the validation stream's first non-overlapping
+    windows, the memorised blocks of an overfit run, or the in-memory blocks themselves."""
+
+    context: int
+    micro_batch: int
+    token_bytes: np.ndarray
+    stream: TokenStream | None = None
+    starts: np.ndarray | None = None
+    blocks: TokenBlocks | None = None
+
+    def batches(self, rank: int = 0, world: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's share: every world-th window (or block), from the rank-th."""
+        if self.blocks is not None:
+            return block_batches(self.blocks.shard(rank, world), self.micro_batch)
+        assert self.stream is not None and self.starts is not None
+        return stream_batches(self.stream, self.starts[rank::world], self.context, self.micro_batch)
+
+
+def validate(
+    model: nn.Module,
+    val: ValidationSet,
+    *,
+    device: torch.device,
+    dtype: str,
+    rank: int = 0,
+    world: int = 1,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> EvalResult:
+    """Score `val` (this rank's share of it; `reduce_sum` adds the ranks' totals)."""
+    return evaluate_batches(
+        model,
+        val.batches(rank, world),
+        token_bytes=val.token_bytes,
+        device=device,
+        dtype=dtype,
+        reduce_sum=reduce_sum,
+    )
+
+
+def evaluate_split(
+    model: GPT,
+    dataset: ShardDataset,
+    token_bytes: np.ndarray,
+    *,
+    split: str = "val",
+    batches: int = 40,
+    micro_batch: int = 16,
+    dtype: str = "fp32",
+) -> EvalResult:
+    """`octlm eval`: the first `batches` micro-batches of non-overlapping windows of a split
+    (0: the whole split), at the model's context, on the model's device."""
+    context = model.config.context
+    stream = dataset.val if split == "val" else dataset.train
+    n = batches * micro_batch if batches else len(stream)
+    starts = validation_starts(len(stream), context, n)
+    device = next(model.parameters()).device
+    return evaluate(
+        model,
+        stream,
+        np.asarray(starts),
+        context=context,
+        micro_batch=micro_batch,
+        token_bytes=token_bytes,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @torch.no_grad()

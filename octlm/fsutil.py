@@ -11,6 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def cache_dir() -> Path:
+    """`$OCTLM_CACHE`, else ~/.cache/octlm: the embedded corpus, the measured peak."""
+    return Path(os.environ.get("OCTLM_CACHE") or Path.home() / ".cache" / "octlm")
+
+
 def fsync_path(path: str | Path) -> None:
     """fsync a file's data, or a folder's entries (what makes a rename durable)."""
     fd = os.open(path, os.O_RDONLY)

@@ -3,9 +3,28 @@ generator, so a sample is reproducible from its seed and touches no global RNG."
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from octlm.errors import OctlmError
 from octlm.model import GPT
+from octlm.tokenizer import Tokenizer
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
+    """One-line errors for settings that cannot sample: checked before a model is loaded."""
+    if max_new_tokens < 0:
+        raise OctlmError(
+            f"--max-new-tokens {max_new_tokens} is negative", "use --max-new-tokens 0 or more"
+        )
+    if not 0 <= temperature < math.inf:
+        raise OctlmError(
+            f"--temperature {temperature} is not a finite number >= 0",
+            "use --temperature 0 (greedy) or more",
+        )
+    if top_k is not None and top_k < 1:
+        raise OctlmError(f"--top-k {top_k} keeps no token", "use --top-k 1 or more")
 
 
 @torch.no_grad()
@@ -49,3 +68,29 @@ def generate(
     finally:
         model.train(was_training)
     return new
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> str:
+    """`prompt` and its continuation: BOS + the prompt's ids, continued until EOS or
+    `max_new_tokens`, decoded."""
+    check_sampling(max_new_tokens, temperature, top_k)
+    ids = [tokenizer.bos_id, *tokenizer.encode(prompt, add_special_tokens=False)]
+    new = generate(
+        model,
+        ids,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+        stop_id=tokenizer.eos_id,
+    )
+    return prompt + tokenizer.decode(new)

@@ -8,19 +8,19 @@ and (on CPU) the intra-op thread count, so `measured_peak` never returns another
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from octlm.device import TORCH_DTYPES, check_dtype, device_name, resolve_device
 from octlm.errors import OctlmError
-from octlm.fsutil import atomic_write_bytes
+from octlm.fsutil import atomic_write_bytes, cache_dir
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SIZES = (512, 1024, 2048)
+# Dense bf16 peaks (FLOP/s) for MFU; a device not listed needs --peak-tflops or `bench peak`.
+GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "4090": 165e12}
 CACHE_NAME = "peak.json"
 
 
@@ -37,42 +37,19 @@ class PeakResult:
 
 
 def cache_path() -> Path:
-    root = os.environ.get("OCTLM_CACHE") or Path.home() / ".cache" / "octlm"
-    return Path(root) / CACHE_NAME
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:  # Linux: the CPU model; platform.processor() is often empty there
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    return cache_dir() / CACHE_NAME
 
 
 def cache_key(device: torch.device | str, dtype: str) -> str:
-    device = resolve(device)
+    device = resolve_device(device)
     key = f"{device.type}:{device_name(device)}|{dtype}|torch {torch.__version__}"
     if device.type == "cpu":  # a GPU's rate does not depend on the host's threads
         key += f"|threads {torch.get_num_threads()}"
     return key
 
 
-def resolve(device: torch.device | str) -> torch.device:
-    """ "auto" is cuda when available, else cpu."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def _check(device: torch.device, dtype: str) -> None:
-    if dtype not in DTYPES:
-        raise OctlmError(f"dtype {dtype!r} is unknown", f"use one of {sorted(DTYPES)}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OctlmError(f"device {device} requested but CUDA is not available", "use cpu")
+    check_dtype(dtype)
     if device.type not in ("cpu", "cuda"):
         raise OctlmError(f"device {device} is not supported here", "use cpu or cuda")
 
@@ -90,7 +67,7 @@ def measure_peak(
     A size whose single matmul would not fit in the time left (predicted from the best rate so
     far) is skipped, so a short budget on a slow dtype still returns quickly.
     """
-    device = resolve(device)
+    device = resolve_device(device)
     _check(device, dtype)
     if seconds <= 0:
         raise OctlmError(f"--seconds {seconds} leaves no time to measure", "use --seconds > 0")
@@ -103,8 +80,8 @@ def measure_peak(
         left = seconds - (time.perf_counter() - start)
         if by_size and 2 * flop / best_rate > left:
             break  # its warm-up and one timed run would overrun; larger sizes even more so
-        a = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
-        b = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
+        a = torch.randn(n, n, device=device, generator=gen).to(TORCH_DTYPES[dtype])
+        b = torch.randn(n, n, device=device, generator=gen).to(TORCH_DTYPES[dtype])
         torch.matmul(a, b)  # warm-up: kernel selection, thread pool, caches
         _sync(device)
         deadline = time.perf_counter() + left / (len(sizes) - i)
@@ -158,3 +135,18 @@ def format_peak(result: PeakResult, path: Path) -> str:
         f"{result.key}\npeak {result.flops / 1e12:.4g} TFLOP/s ({result.flops:.4g} FLOP/s) at "
         f"n={result.size}; GFLOP/s by size  {sizes}  ({result.seconds:.1f} s)\nstored in {path}"
     )
+
+
+def peak_flops(peak_tflops: float | None, device: torch.device, dtype: str) -> float | None:
+    """The peak MFU is measured against: `peak_tflops` (--peak-tflops) if given, else the peak
+    `octlm bench peak` measured on this machine, else the table of known GPUs; None (no MFU in
+    the log) when none applies."""
+    if peak_tflops:
+        return peak_tflops * 1e12
+    measured = measured_peak(device, dtype)
+    if measured:
+        return measured
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
+    return None

@@ -1,9 +1,11 @@
 """The run log: `OUT/log.jsonl`, one JSON object per line, flushed per line.
 
-Record types: `header` (settings, model, counts, build, git commit), `step`, `val`, `event`
-(resume, stop, checkpoint) and `end` (final step and weights_sha256). `step` in a record is the
-0-based index of the optimizer step it describes. After a resume the file reads as one run:
-records at or past the checkpoint's step are dropped before new ones are appended.
+Record types: `header` (settings, model, counts, build, git commit), `step`, `val`, `hash`,
+`event` (resume, stop, nonfinite) and `end` (final step and weights_sha256). `step` in a record
+is the 0-based index of the optimizer step it describes (`end`'s counts the steps done). After a
+resume the file reads as one run: records at or past the checkpoint's step are dropped before
+new ones are appended. The schema lives here: the loop hands objects to the typed writers, and
+every tool reads through `read_log`, which skips a line cut short by a kill instead of failing.
 """
 
 from __future__ import annotations
@@ -11,12 +13,41 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO
+
+from octlm.errors import OctlmError
 
 LOG_NAME = "log.jsonl"
 _BLOCK = 1 << 16
+
+
+class StepNumbers(Protocol):
+    loss: float
+    lr: float
+    grad_norm: float
+    dt: float
+    skipped: bool
+
+
+class Counters(Protocol):
+    tokens: int
+    elapsed: float
+    skipped_steps: int
+
+
+class Throughput(Protocol):
+    def tokens_per_second(self, dt: float) -> float: ...
+    def mfu(self, tok_per_s: float) -> float | None: ...
+
+
+class EvalNumbers(Protocol):
+    loss: float
+    ppl: float
+    bpb: float
+    tokens: int
 
 
 def _clean(value: Any) -> Any:
@@ -48,6 +79,56 @@ class RunLog:
         record = {"type": record_type, **{k: _clean(v) for k, v in fields.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+
+    # -- typed records: the schema of each line lives here ------------------------------------
+    def header(self, fields: dict[str, Any]) -> None:
+        self.write("header", **fields)
+
+    def step(self, step: int, numbers: StepNumbers, state: Counters, meter: Throughput) -> float:
+        """One optimizer step; returns its tokens per second (for the progress bar)."""
+        tok_per_s = meter.tokens_per_second(numbers.dt)
+        mfu = meter.mfu(tok_per_s)
+        skipped = {"skipped": True, "skipped_steps": state.skipped_steps}
+        self.write(
+            "step",
+            step=step,
+            loss=numbers.loss,
+            lr=numbers.lr,
+            grad_norm=numbers.grad_norm,
+            tokens=state.tokens,
+            dt=round(numbers.dt, 6),
+            tok_per_s=round(tok_per_s, 1),
+            mfu=round(mfu, 5) if mfu is not None else None,
+            elapsed=round(state.elapsed, 3),
+            **(skipped if numbers.skipped else {}),
+        )
+        return tok_per_s
+
+    def val(self, step: int, result: EvalNumbers, noise_scale: float | None) -> None:
+        self.write(
+            "val",
+            step=step,
+            val_loss=result.loss,
+            val_ppl=result.ppl,
+            val_bpb=result.bpb,
+            val_tokens=result.tokens,
+            noise_scale=noise_scale,
+        )
+
+    def weights_hash(self, step: int, digest: str) -> None:
+        self.write("hash", step=step, weights_sha256=digest)
+
+    def event(self, event: str, step: int, **fields: Any) -> None:
+        self.write("event", event=event, step=step, **fields)
+
+    def end(self, steps: int, digest: str | None, state: Counters) -> None:
+        self.write(
+            "end",
+            step=steps,
+            weights_sha256=digest,
+            tokens=state.tokens,
+            elapsed=round(state.elapsed, 3),
+        )
 
     def close(self) -> None:
         if self._file is not None:
@@ -110,14 +191,62 @@ def _lines_backwards(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
         yield 0, head
 
 
-def read_log(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a run folder's (or a file's) log."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / LOG_NAME
-    records = []
-    with open(path, encoding="utf-8") as f:
+def log_file(run: str | Path) -> Path:
+    """The log of a run folder, or the log file itself."""
+    path = Path(run)
+    return path / LOG_NAME if path.is_dir() else path
+
+
+def require_log(run: str | Path) -> Path:
+    """The log of `run`; a one-line error when `run` is not a run folder (or a log file)."""
+    path = log_file(run)
+    if not path.is_file():
+        raise OctlmError(
+            f"no run log at {path}",
+            "name a run folder written by `octlm train` (it holds log.jsonl), or the log itself",
+        )
+    return path
+
+
+def read_log_counted(run: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """The readable records of a run's log, and how many non-empty lines were not records.
+
+    A kill can cut the last line short, and a damaged disk can garble one: such lines are
+    skipped and counted, never a traceback. A missing log is an `OctlmError`.
+    """
+    records: list[dict[str, Any]] = []
+    bad = 0
+    with open(require_log(run), encoding="utf-8", errors="replace") as f:
         for line in f:
-            if line.strip():
-                records.append(json.loads(line))
-    return records
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("type"), str):
+                records.append(record)
+            else:
+                bad += 1
+    return records, bad
+
+
+def read_log(run: str | Path) -> list[dict[str, Any]]:
+    """The readable records of a run folder's (or a file's) log; see `read_log_counted`."""
+    return read_log_counted(run)[0]
+
+
+def git_commit() -> str | None:
+    """The octlm checkout's commit, for the log header; None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

@@ -18,6 +18,9 @@ import pytest
 
 from octlm.hashing import file_sha256
 
+# Every test here reads the results of real `python -m octlm` subprocesses.
+pytestmark = pytest.mark.slow
+
 DOC = "Now is the winter of our discontent made glorious summer by this sun of York.\n"
 
 

@@ -160,10 +160,10 @@ def test_trajectory_excludes_paths_intervals_and_logging() -> None:
 
 def test_fingerprint_changes_with_lr_but_not_with_val_every() -> None:
     base = TrainConfig(model="tiny", context=64)
-    assert base.fingerprint == TrainConfig(model="tiny", context=64).fingerprint
-    assert len(base.fingerprint) == 64
+    assert base.fingerprint_for(1) == TrainConfig(model="tiny", context=64).fingerprint_for(1)
+    assert len(base.fingerprint_for(1)) == 64
     for key, value in [("lr", 2e-3), ("seed", 1), ("dtype", "fp32"), ("accum", 3)]:
-        assert base.replace(**{key: value}).fingerprint != base.fingerprint, key
+        assert base.replace(**{key: value}).fingerprint_for(1) != base.fingerprint_for(1), key
     for key, value in [
         ("val_every", 7),
         ("out", "elsewhere"),
@@ -176,7 +176,7 @@ def test_fingerprint_changes_with_lr_but_not_with_val_every() -> None:
         ("keep_ckpts", True),
         ("data", "/tmp/data"),
     ]:
-        assert base.replace(**{key: value}).fingerprint == base.fingerprint, key
+        assert base.replace(**{key: value}).fingerprint_for(1) == base.fingerprint_for(1), key
 
 
 def test_changed_keys_names_what_differs() -> None:
@@ -210,3 +210,29 @@ def test_every_field_has_a_docstring() -> None:
     assert missing == []
     assert set(docs) == set(config_keys())
     assert docs["lr"] == "Peak learning rate."
+
+
+def test_every_field_says_whether_it_is_part_of_the_trajectory() -> None:
+    """A new field must choose: `_trajectory(...)` joins the resume fingerprint, `_setting(...)`
+    does not; the list of non-trajectory keys is derived from those marks."""
+    from dataclasses import fields
+
+    marks = {f.name: f.metadata.get("trajectory") for f in fields(TrainConfig)}
+    assert all(isinstance(m, bool) for m in marks.values()), marks
+    assert set(NON_TRAJECTORY_KEYS) == {k for k, m in marks.items() if not m}
+
+
+def test_toml_written_by_to_toml_reads_back() -> None:
+    from octlm.config import read_toml, to_toml
+
+    values = {"model": "tiny", "lr": 3e-3, "compile": True, "out": 'a "q" \\ b', "stop_at": None}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "c.toml"
+        path.write_text(to_toml(values) + "[sweep]\nrepeats = 2\n")
+        keys, table = read_toml(path, sweep=True)
+        assert keys == {k: v for k, v in values.items() if v is not None}
+        assert table == {"repeats": 2}
+        with pytest.raises(ConfigError, match="unknown key"):
+            load_toml(path)  # a [sweep] table belongs to `octlm sweep` only

@@ -73,6 +73,7 @@ def test_bad_requests() -> None:
         measure_peak("cpu", "fp32", seconds=0)
 
 
+@pytest.mark.slow
 def test_cli(cache: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "octlm", "bench", "peak", "--seconds", "0.4", "--dtype", "fp32",

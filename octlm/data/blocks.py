@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from octlm.hashing import sha256_bytes, sha256_json
 from octlm.model import IGNORE_INDEX
 from octlm.tokenizer import Tokenizer
 
@@ -23,6 +24,21 @@ class TokenBlocks:
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
+
+    def first(self, n: int) -> TokenBlocks:
+        """The first `n` blocks (the first seed's memorisation experiment)."""
+        return TokenBlocks(self.inputs[:n], self.targets[:n], self.byte_lengths[:n])
+
+    def shard(self, rank: int, world: int) -> TokenBlocks:
+        """Every `world`-th block from the `rank`-th: one rank's share."""
+        return TokenBlocks(
+            self.inputs[rank::world], self.targets[rank::world], self.byte_lengths[rank::world]
+        )
+
+    def fingerprint(self, tokenizer_fingerprint: str) -> str:
+        """Identifies the blocks' tokens (as a dataset fingerprint does a prepared folder's)."""
+        data = self.inputs.numpy().tobytes() + self.targets.numpy().tobytes()
+        return sha256_json({"tokenizer": tokenizer_fingerprint, "blocks": sha256_bytes(data)})
 
 
 def make_blocks(texts: str | list[str], tokenizer: Tokenizer, context_length: int) -> TokenBlocks:

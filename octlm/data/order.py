@@ -68,7 +68,6 @@ class Sampler:
     ) -> None:
         self.stream, self.seed, self.context = stream, seed, context
         self.micro_batch, self.accum, self.rank, self.world = micro_batch, accum, rank, world
-        self.step = 0  # the next step to draw; advanced by the loop
         if isinstance(stream, TokenBlocks):  # the in-memory path: draw whole (PAD-masked) blocks
             if stream.inputs.shape[1] != context:
                 raise ValueError(f"blocks of {stream.inputs.shape[1]} tokens, not {context}")
@@ -103,22 +102,25 @@ class Sampler:
         block = windows(self.stream, starts, self.context + 1)
         return block[:, :-1], block[:, 1:]
 
-    def state_dict(self) -> dict[str, Any]:
-        # Counters, not buffers; the generator state is stored so a load can prove the order
-        # function still gives the same draws.
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """The data order at `step` (the sampler keeps no counter: the run's step is the only
+        one). Counters, not buffers; the generator state is stored so a load can prove the
+        order function still gives the same draws."""
         return {
             "seed": self.seed,
-            "step": self.step,
+            "step": step,
             "n_positions": self.n_positions,
-            "generator": step_generator(self.seed, self.step).bit_generator.state,
+            "generator": step_generator(self.seed, step).bit_generator.state,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        """Check that `state` describes this data order at `step`; nothing else to restore."""
         if state["seed"] != self.seed or state["n_positions"] != self.n_positions:
             raise ValueError("sampler state belongs to another seed or dataset")
-        if step_generator(self.seed, state["step"]).bit_generator.state != state["generator"]:
+        if state["step"] != step:
+            raise ValueError(f"sampler state is at step {state['step']}, the run at {step}")
+        if step_generator(self.seed, step).bit_generator.state != state["generator"]:
             raise ValueError("the data-order generator changed since the checkpoint was written")
-        self.step = state["step"]
 
 
 def validation_starts(n_tokens: int, context: int, n_windows: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,31 +164,10 @@ def _write(
         unit="doc",
         disable=None if progress is None else not progress,
     )
-    summary: dict[str, Any] = {}
     with bar:
-        for split in SPLITS:
-            writer = _ShardWriter(folder, split, dtype, cfg.shard_tokens)
-            n_tokens = n_bytes = 0
-            for chunk in _chunks(splits[split]):
-                for ids in encoder.encode_batch([d.text for d in chunk]):
-                    writer.add(ids)
-                    n_tokens += len(ids)
-                n_bytes += sum(len(d.text.encode("utf-8")) for d in chunk)
-                bar.update(len(chunk))
-            if n_tokens < cfg.context + 1:
-                raise DataError(
-                    f"the {split} split has {n_tokens} tokens; one block of context {cfg.context} "
-                    f"needs {cfg.context + 1}",
-                    f"add text, {'raise' if split == 'val' else 'lower'} --val-fraction, "
-                    "or lower --context",
-                )
-            summary[split] = {
-                "documents": len(splits[split]),
-                "tokens": n_tokens,
-                "text_bytes": n_bytes,
-                "document_ids_sha256": sha256_json([d.id for d in splits[split]]),
-                "shards": writer.close(),
-            }
+        summary = {
+            split: _write_split(cfg, encoder, split, splits[split], folder, bar) for split in SPLITS
+        }
     tokenizer.save(folder / TOKENIZER_NAME)
     manifest: dict[str, Any] = {
         "format": "octlm-dataset",
@@ -211,6 +191,41 @@ def _write(
         f.flush()
         os.fsync(f.fileno())
     return manifest
+
+
+def _write_split(
+    cfg: PrepareConfig,
+    encoder: DocumentEncoder,
+    split: str,
+    docs: list[Document],
+    folder: Path,
+    bar: tqdm,
+) -> dict[str, Any]:
+    """Encode one split's documents in order into its shards; the split's manifest entry."""
+    writer = _ShardWriter(
+        folder, split, token_dtype(encoder.tokenizer.vocab_size), cfg.shard_tokens
+    )
+    n_tokens = n_bytes = 0
+    for chunk in _chunks(docs):
+        for ids in encoder.encode_batch([d.text for d in chunk]):
+            writer.add(ids)
+            n_tokens += len(ids)
+        n_bytes += sum(len(d.text.encode("utf-8")) for d in chunk)
+        bar.update(len(chunk))
+    if n_tokens < cfg.context + 1:
+        raise DataError(
+            f"the {split} split has {n_tokens} tokens; one block of context {cfg.context} "
+            f"needs {cfg.context + 1}",
+            f"add text, {'raise' if split == 'val' else 'lower'} --val-fraction, "
+            "or lower --context",
+        )
+    return {
+        "documents": len(docs),
+        "tokens": n_tokens,
+        "text_bytes": n_bytes,
+        "document_ids_sha256": sha256_json([d.id for d in docs]),
+        "shards": writer.close(),
+    }
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -255,3 +270,15 @@ def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
     lines.append(f"  tokenizer  {out / tok['file']}  fingerprint {tok['fingerprint']}")
     lines.append(f"  dataset fingerprint {manifest['fingerprint']}")
     return lines
+
+
+def embedded_dataset(vocab_size: int) -> Path:
+    """The embedded corpus prepared at this vocabulary size, in octlm's cache (prepared on
+    first use, then reused by every run, sweep and check that names no --data)."""
+    from octlm.fsutil import cache_dir
+
+    path = cache_dir() / f"shakespeare-v{vocab_size}"
+    if not (path / "manifest.json").is_file():
+        print(f"preparing the embedded corpus (vocabulary {vocab_size}) in {path}", file=sys.stderr)
+        prepare(PrepareConfig(out=path, vocab_size=vocab_size, context=1024, force=True))
+    return path

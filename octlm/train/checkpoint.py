@@ -1,20 +1,22 @@
-"""Checkpoints: one safetensors file per save, no pickle anywhere, written atomically.
+"""Checkpoints: the format (this module owns it), and one safetensors file per save, atomic.
 
 Tensors (weights, AdamW moments, RNG byte states) are safetensors entries; everything else
 (step, counters, param-group settings, Python/NumPy RNG states, fingerprints, config, build)
 is JSON in the file's metadata, so loading can never run code. `checkpoints/latest.json` lists
 the files newest last with their checksum ("xxh3_128:HEX"; lists written by octlm 0.1 give a
 "sha256"), which is checked on load.
+
+A run hands `pack` its state as a `RunState` (each part's `state_dict()` under a constant key)
+and gets it back from `unpack`, in the v1 layout of octlm 0.1: every run folder since resumes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from safetensors import safe_open
@@ -31,8 +33,8 @@ CKPT_DIR = "checkpoints"
 SNAPSHOT_DIR = "snapshots"
 LATEST = "latest.json"
 KEEP_LAST = 2  # the previous file survives until a newer one is complete and listed
-# Fault-injection point for bench/chaos.py: seconds to pause inside each save (after the
-# temporary file is written, and again after the rename), so SIGKILLs land mid-save.
+# bench/chaos.py's fault injection: seconds to pause after the temporary file is written and
+# after the rename, so SIGKILLs land mid-save.
 _SAVE_PAUSE = float(os.environ.get("OCTLM_CHAOS_SAVE_PAUSE", "0") or 0)
 
 
@@ -40,32 +42,115 @@ class CheckpointError(OctlmError):
     """A missing, corrupt or incompatible checkpoint."""
 
 
-def build_info(device: torch.device) -> dict[str, Any]:
-    """What PyTorch's bitwise promise depends on: release, platform, device, threads."""
-    cuda = device.type == "cuda"
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda if cuda else None,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "device": torch.cuda.get_device_name(device) if cuda else f"cpu:{platform.machine()}",
-        "threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-    }
+# -- the format: part keys, tensor prefixes, metadata -----------------------------------------
+MODEL, OPTIMIZER, SCALER, TRAIN_STATE, SAMPLER, RNG = (
+    "model", "optimizer", "scaler", "train_state", "sampler", "rng"
+)  # fmt: skip
+MODEL_PREFIX, OPTIM_PREFIX = "model.", "optim."
+SNAPSHOT_FORMAT = "octlm-snapshot"
+# What a run is, beside its state: checked on resume, copied into snapshots and the log header.
+IDENTITY_KEYS = ("fingerprints", "trajectory", "config", "model_config", "data_dir", "build")
+IDENTITY_KEYS += ("world",)
+
+
+def rng_prefix(rank: int) -> str:
+    """Rank 0's generator tensors are `rng.*` (as a single process writes them), rank r's
+    `rng{r}.*`; their JSON parts are `rng` and `rng_ranks[r - 1]`."""
+    return "rng." if rank == 0 else f"rng{rank}."
+
+
+class RunState(TypedDict):
+    """A run's whole state as its parts give it (`part.state_dict()`), tensors included."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    """The full (unsharded), index-keyed `torch.optim` state dict."""
+    scaler: dict[str, Any] | None
+    train_state: dict[str, Any]
+    sampler: dict[str, Any]
+    rng: list[dict[str, Any]]
+    """Every rank's generators, in rank order."""
+    fingerprints: dict[str, str]
+    trajectory: dict[str, Any]
+    config: dict[str, Any]
+    model_config: dict[str, Any]
+    data_dir: str
+    build: dict[str, Any]
+    world: int
+
+
+class CheckpointMeta(TypedDict, total=False):
+    """The JSON metadata of a v1 checkpoint file (`format*` are added when it is written):
+    RunState's keys with the tensors taken out, rank 0's generators under `rng`."""
+
+    train_state: dict[str, Any]
+    sampler: dict[str, Any]
+    optimizer: dict[str, Any]
+    """{"param_groups": [...], "scalars": {index: {key: non-tensor value}}}"""
+    scaler: dict[str, Any] | None
+    rng: dict[str, Any]
+    fingerprints: dict[str, str]
+    trajectory: dict[str, Any]
+    config: dict[str, Any]
+    model_config: dict[str, Any]
+    data_dir: str
+    build: dict[str, Any]
+    world: int
+    rng_ranks: list[dict[str, Any]]
+    format: str
+    format_version: int
+
+
+def flatten(tree: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Split nested state into (JSON part, tensors): a tensor at path a/b becomes the entry
+    `{prefix}a.b` (detached, contiguous), everything else stays in the JSON part under its
+    path; dicts that held only tensors are left out of the JSON part."""
+    json_part: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for key, value in tree.items():
+        if isinstance(value, torch.Tensor):
+            tensors[f"{prefix}{key}"] = value.detach().contiguous()
+        elif isinstance(value, dict):
+            sub_json, sub_tensors = flatten(value, f"{prefix}{key}.")
+            tensors.update(sub_tensors)
+            if sub_json:
+                json_part[str(key)] = sub_json
+        else:
+            json_part[str(key)] = value
+    return json_part, tensors
+
+
+def unflatten(
+    json_part: dict[str, Any], tensors: dict[str, torch.Tensor], prefix: str, depth: int = 1
+) -> dict[str, Any]:
+    """The inverse of `flatten` for trees `depth` levels deep (names below that level may hold
+    dots of their own, as parameter names do)."""
+    tree: dict[str, Any] = {}
+    for name, tensor in split_tensors(tensors, prefix).items():
+        *path, leaf = name.split(".", depth - 1)
+        node = tree
+        for key in path:
+            node = node.setdefault(key, {})
+        node[leaf] = tensor
+    _merge(tree, json_part)
+    return tree
+
+
+def _merge(into: dict[str, Any], json_part: dict[str, Any]) -> None:
+    for key, value in json_part.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def optimizer_to_flat(
-    optimizer: torch.optim.Optimizer | dict,
-) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(JSON part, tensors) of an optimizer or of its index-keyed state_dict."""
+    optimizer: torch.optim.Optimizer | dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(JSON part, `optim.*` tensors) of an optimizer or of its index-keyed state dict: the
+    per-parameter tensors are entries `optim.{index}.{key}`, the non-tensor values "scalars"."""
     sd = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for idx, state in sd["state"].items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):  # the live tensor: copy it to keep it
-                tensors[f"optim.{idx}.{key}"] = value.detach().contiguous()
-            else:
-                scalars.setdefault(str(idx), {})[key] = value
+    scalars, tensors = flatten(sd["state"], OPTIM_PREFIX)
     groups = [
         {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
         for g in sd["param_groups"]
@@ -73,17 +158,82 @@ def optimizer_to_flat(
     return {"param_groups": groups, "scalars": scalars}, tensors
 
 
-def optimizer_from_flat(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {}
-    for name, value in tensors.items():
-        idx, key = name.split(".", 1)  # "optim." was stripped by split_tensors
-        state.setdefault(int(idx), {})[key] = value
-    for idx, scalars in meta["scalars"].items():
-        state.setdefault(int(idx), {}).update(scalars)
+def optimizer_from_flat(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The index-keyed state dict from `optimizer_to_flat`'s parts (tensors without `optim.`)."""
+    state = unflatten(meta["scalars"], tensors, "", depth=2)
     groups = [
         {k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["param_groups"]
     ]
-    return {"state": state, "param_groups": groups}
+    return {"state": {int(i): s for i, s in state.items()}, "param_groups": groups}
+
+
+def pack(state: RunState) -> tuple[CheckpointMeta, dict[str, torch.Tensor]]:
+    """(metadata, tensors) of a run's state in the v1 layout. The tensors are the live ones
+    (weights, AdamW moments): `host_copy` them before anything may step on."""
+    tensors = {f"{MODEL_PREFIX}{k}": v.detach().contiguous() for k, v in state[MODEL].items()}
+    optim_meta, optim_tensors = optimizer_to_flat(state[OPTIMIZER])
+    tensors.update(optim_tensors)
+    rng_json = []
+    for rank, generators in enumerate(state[RNG]):
+        part, rng_tensors = flatten(generators, rng_prefix(rank))
+        rng_json.append(part)
+        tensors.update(rng_tensors)
+    meta: CheckpointMeta = {
+        TRAIN_STATE: state[TRAIN_STATE],
+        SAMPLER: state[SAMPLER],
+        OPTIMIZER: optim_meta,
+        SCALER: state[SCALER],
+        RNG: rng_json[0],
+        **{key: state[key] for key in IDENTITY_KEYS},  # type: ignore[typeddict-item]
+        "rng_ranks": rng_json[1:],
+    }
+    return meta, tensors
+
+
+def unpack(meta: CheckpointMeta, tensors: dict[str, torch.Tensor]) -> RunState:
+    """The run state a checkpoint holds (the inverse of `pack`)."""
+    world = meta.get("world", 1)
+    rng_json = [meta[RNG], *meta.get("rng_ranks", [])]
+    return {
+        MODEL: split_tensors(tensors, MODEL_PREFIX),
+        OPTIMIZER: optimizer_from_flat(meta[OPTIMIZER], optimizer_tensors(tensors)),
+        SCALER: meta[SCALER],
+        TRAIN_STATE: meta[TRAIN_STATE],
+        SAMPLER: meta[SAMPLER],
+        RNG: [unflatten(rng_json[r], tensors, rng_prefix(r)) for r in range(world)],
+        **{key: meta.get(key, 1 if key == "world" else None) for key in IDENTITY_KEYS},
+    }  # type: ignore[return-value]
+
+
+def host_copy(
+    meta: CheckpointMeta, tensors: dict[str, torch.Tensor]
+) -> tuple[CheckpointMeta, dict[str, torch.Tensor]]:
+    """A private copy that later steps cannot change: host tensors, and metadata that shares no
+    object with the run (also fails here, not in a writer thread, if it is not JSON)."""
+    host = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
+    return json.loads(json.dumps(meta)), host
+
+
+def snapshot_header(meta: dict[str, Any]) -> dict[str, Any]:
+    """The metadata of a weights-only snapshot (or export) of a checkpoint's model."""
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "format_version": FORMAT_VERSION,
+        TRAIN_STATE: meta.get(TRAIN_STATE),
+        "model_config": meta.get("model_config"),
+        "fingerprints": meta.get("fingerprints"),
+        "data_dir": meta.get("data_dir"),
+    }
+
+
+def model_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's weights in a checkpoint's tensors; a snapshot or export stores them bare."""
+    return split_tensors(tensors, MODEL_PREFIX) or tensors
+
+
+def optimizer_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The optimizer's tensors (AdamW moments and step counts) in a checkpoint's tensors."""
+    return split_tensors(tensors, OPTIM_PREFIX)
 
 
 def save_checkpoint(
@@ -233,7 +383,7 @@ def load_checkpoint(
         meta = None
     if not isinstance(meta, dict):  # hand-made or damaged metadata, not a raw exception
         raise CheckpointError(f"{path} has corrupt octlm metadata", "use another file")
-    if meta.get("format") not in (FORMAT, "octlm-snapshot"):
+    if meta.get("format") not in (FORMAT, SNAPSHOT_FORMAT):
         raise CheckpointError(f"{path} is not an octlm checkpoint", "name an octlm checkpoint")
     version = meta.get("format_version", 0)
     if not isinstance(version, int) or version > FORMAT_VERSION:

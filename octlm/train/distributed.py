@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from octlm.errors import OctlmError
+from octlm.device import resolve_device
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,6 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     return info, device
-
-
-def resolve_device(name: str) -> torch.device:
-    """cpu, cuda, cuda:N, or auto (cuda when available)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OctlmError(f"device {name} requested but CUDA is not available", "use --device cpu")
-    return device
 
 
 def shutdown() -> None:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
-from octlm.config import TrainConfig
+
+class OptimSettings(Protocol):
+    """The settings AdamW is built from (a TrainConfig provides them)."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    fused: bool
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -24,7 +35,7 @@ def param_names(model: nn.Module) -> list[str]:
     return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: OptimSettings) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),
         lr=cfg.lr,  # overwritten every step by the schedule

@@ -9,25 +9,44 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from octlm.device import autocast
 from octlm.model import IGNORE_INDEX
-from octlm.noise import MicroGradTracker, simple_noise_scale
+from octlm.train.noise import MicroGradTracker, simple_noise_scale
 from octlm.train.optim import clip_grad_norm, set_lr
+from octlm.train.schedule import learning_rate
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+if TYPE_CHECKING:
+    from octlm.train.run import Run
 
 
-def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """Mixed precision over FP32 weights; a no-op context for fp32."""
-    low = AUTOCAST_DTYPES[dtype]
-    if low is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=low)
+@dataclass(frozen=True)
+class StepSetup:
+    """What every step of a run uses and none changes: built once, by `build_run`."""
+
+    forward: nn.Module
+    """The module called on a micro-batch (compiled and/or DDP-wrapped)."""
+    device: torch.device
+    grad_clip: float = 0.0
+    """Clip the global norm to this; 0: no clipping (the norm is still computed)."""
+    dtype: str = "fp32"
+    scaler: torch.amp.GradScaler | None = None
+    clip_model: nn.Module | None = None
+    """The module whose parameters are clipped (the raw model under a compile or DDP wrapper);
+    None: `forward` itself."""
+    before_backward: Callable[[int], contextlib.AbstractContextManager] | None = None
+    """`before_backward(micro)` may return a context around the backward (DDP's no_sync)."""
+    skip_nonfinite: bool = False
+    world: int = 1
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """With `world` > 1: the sum across ranks (of the target count and the loss)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,10 @@ class StepResult:
     nonfinite: bool = False
     noise_scale: float | None = None
     """Simple gradient noise scale B_simple in tokens (McCandlish et al. 2018), when measured."""
+    lr: float = 0.0
+    """The learning rate the step used (set by `advance`)."""
+    dt: float = 0.0
+    """Seconds from drawing the micro-batches to the end of the update (set by `advance`)."""
 
 
 class NonFiniteError(Exception):
@@ -53,60 +76,36 @@ class NonFiniteError(Exception):
 
 
 def train_step(
-    model: nn.Module,
+    setup: StepSetup,
     optimizer: torch.optim.Optimizer,
     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     *,
     lr: float,
-    grad_clip: float,
-    device: torch.device,
-    dtype: str = "fp32",
-    scaler: torch.amp.GradScaler | None = None,
-    clip_model: nn.Module | None = None,
-    before_backward: Callable[[int], contextlib.AbstractContextManager] | None = None,
-    skip_nonfinite: bool = False,
     measure_noise: bool = False,
-    world: int = 1,
-    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> StepResult:
     """Run one step over `micro_batches` (CPU tensors, moved here) and return its numbers.
 
-    `clip_model` is the module whose parameters are clipped (the raw model under a compile or
-    DDP wrapper); `before_backward(micro)` may return a context (DDP's no_sync). A non-finite
-    loss or norm raises NonFiniteError before the update, unless `skip_nonfinite`.
-    `measure_noise` also estimates the gradient noise scale from the micro-batch gradients
-    (one extra copy of the grads; the grads themselves are left untouched).
-    With `world` > 1 processes, `reduce_sum` sums across ranks: the target count before any
-    backward (so the gradient is the mean over the global step's real targets) and the loss.
+    A non-finite loss or norm raises NonFiniteError before the update, unless
+    `setup.skip_nonfinite`. `measure_noise` also estimates the gradient noise scale from the
+    micro-batch gradients (one extra copy of the grads; the grads themselves are left as they
+    are). With several ranks the target count is summed before any backward, so the gradient
+    is the mean over the global step's real targets.
     """
+    device, scaler, reduce_sum = setup.device, setup.scaler, setup.reduce_sum
+    clip_model = setup.clip_model or setup.forward
     set_lr(optimizer, lr)
     micro_targets = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
     n_targets = sum(micro_targets)
     if reduce_sum is not None:
         n_targets = int(reduce_sum(torch.tensor([n_targets], device=device)).item())
-    denom = max(1, n_targets)  # an all-PAD step contributes zero gradient, not NaN
-    loss_total = torch.zeros((), device=device, dtype=torch.float32)
-    params = (clip_model or model).parameters()
+    params = clip_model.parameters()
     tracker = MicroGradTracker(params, n_targets) if measure_noise and n_targets else None
-    for micro, (x, y) in enumerate(micro_batches):
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
-        ctx = before_backward(micro) if before_backward else contextlib.nullcontext()
-        with ctx:
-            with autocast(device, dtype):
-                loss_sum, _ = model(x, y)
-            loss = loss_sum / denom  # summed over micro-batches this is the true masked mean
-            # DDP and FSDP average gradients over ranks; scaling by the world makes it a sum.
-            scaled = loss * world if world > 1 else loss
-            (scaler.scale(scaled) if scaler else scaled).backward()
-        loss_total += loss.detach()
-        if tracker is not None:
-            tracker.after_micro(micro_targets[micro])
+    loss_total = _backward(setup, micro_batches, max(1, n_targets), micro_targets, tracker)
     # Read before unscaling and clipping; a constant scale cancels in B_simple anyway.
     noise = simple_noise_scale(*tracker.result()) if tracker is not None else None
     if scaler is not None:
         scaler.unscale_(optimizer)
-    norm = clip_grad_norm(clip_model or model, grad_clip)
+    norm = clip_grad_norm(clip_model, setup.grad_clip)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
         norm = norm.full_tensor()
     # The host sync happens here, before the update, so a non-finite step never reaches the
@@ -117,7 +116,7 @@ def train_step(
     loss_value, norm_value = float(loss_total.item()), float(norm.item())
     if not (math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))):
         optimizer.zero_grad(set_to_none=True)
-        if not skip_nonfinite:
+        if not setup.skip_nonfinite:
             raise NonFiniteError(loss_value, norm_value)
         return StepResult(loss_value, norm_value, n_targets, True, True, noise)
     skipped = False
@@ -130,3 +129,49 @@ def train_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss_value, norm_value, n_targets, skipped, False, noise)
+
+
+def _backward(
+    setup: StepSetup,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    denom: int,
+    micro_targets: list[int],
+    tracker: MicroGradTracker | None,
+) -> torch.Tensor:
+    """Forward and backward of every micro-batch, gradients summed; returns the step's loss.
+    `denom` is the step's real-target count (at least 1: an all-PAD step adds zero, not NaN)."""
+    device, world, scaler = setup.device, setup.world, setup.scaler
+    loss_total = torch.zeros((), device=device, dtype=torch.float32)
+    for micro, (x, y) in enumerate(micro_batches):
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        hook = setup.before_backward
+        with hook(micro) if hook else contextlib.nullcontext():
+            with autocast(device, setup.dtype):
+                loss_sum, _ = setup.forward(x, y)
+            loss = loss_sum / denom  # summed over micro-batches this is the true masked mean
+            # DDP and FSDP average gradients over ranks; scaling by the world makes it a sum.
+            scaled = loss * world if world > 1 else loss
+            (scaler.scale(scaled) if scaler else scaled).backward()
+        loss_total += loss.detach()
+        if tracker is not None:
+            tracker.after_micro(micro_targets[micro])
+    return loss_total
+
+
+def advance(run: Run, *, validating: bool) -> StepResult:
+    """One optimizer step of `run`: the schedule's lr, the step's micro-batches, `train_step`,
+    then the counters. The lr and the data are pure functions of the step, so a resumed run
+    draws exactly what the straight run drew. Raises NonFiniteError (counters unchanged)."""
+    cfg, state = run.cfg, run.state
+    s = state.step
+    lr = learning_rate(s, cfg)
+    t0 = time.perf_counter()
+    batches = [run.sampler.batch(s, m) for m in range(cfg.accum)]
+    # The noise scale needs per-micro-batch gradients, which are per-rank under DDP: it is
+    # measured at validations, with accumulation, in one process only.
+    measure = validating and cfg.accum > 1 and not run.dist.enabled
+    result = train_step(run.setup, run.optimizer, batches, lr=lr, measure_noise=measure)
+    dt = time.perf_counter() - t0
+    state.advance(run.tokens_per_step, result.skipped)
+    return replace(result, lr=lr, dt=dt)

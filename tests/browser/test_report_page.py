@@ -20,6 +20,8 @@ import pytest
 
 from octlm.train.schedule import learning_rate
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")

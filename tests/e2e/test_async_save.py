@@ -13,9 +13,9 @@ import torch
 from octlm.runlog import RunLog, read_log
 from octlm.train import checkpoint as ckpt
 from octlm.train import loop
+from tests.e2e.helpers import end_hash, listed, run_cfg
 
-from .test_crash import listed, run_cfg
-from .test_resume import end_hash
+pytestmark = pytest.mark.slow
 
 
 def checkpoint_at(out: Path, step: int) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -14,17 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from octlm.config import make_config
 from octlm.hashing import file_checksum
 from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
 from octlm.train import loop
+from tests.e2e.helpers import end_hash, listed, octlm, run_cfg, train_args
 
-from .test_resume import end_hash, octlm, train_args
-
-
-def listed(out: Path) -> list[dict]:
-    return json.loads((out / "checkpoints" / "latest.json").read_text())["checkpoints"]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -131,25 +127,6 @@ def test_allow_config_change(tiny_dataset, tmp_path) -> None:
 
 
 # -- write faults at each point of the save protocol (injected: a full disk cannot be timed) ---
-
-
-def run_cfg(data: Path, out: Path, **kw):
-    base = dict(
-        model="tiny",
-        data=str(data),
-        out=str(out),
-        steps=6,
-        warmup=2,
-        lr=3e-3,
-        context=32,
-        micro_batch=2,
-        accum=2,
-        dtype="fp32",
-        val_every=0,
-        ckpt_every=2,
-        progress=False,
-    )
-    return make_config(None, **{**base, **kw})
 
 
 @pytest.mark.parametrize("point", ["write", "rename", "dir_fsync"])

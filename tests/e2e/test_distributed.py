@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from octlm.train import checkpoint as ckpt
+from tests.e2e.helpers import end_hash, octlm, steps_of
 
-from .test_resume import end_hash, octlm, steps_of
+pytestmark = pytest.mark.slow
 
 STEPS = 6
 TOLERANCE = 1e-5  # on weights after 6 steps; measured 0 for DDP and ~1e-7 for FSDP here

@@ -17,8 +17,10 @@ import pytest
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.generate import generate
+from octlm.load import load_model
 from octlm.runlog import read_log
-from octlm.train.loop import load_model_for_inference
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +57,7 @@ def test_day1_overfit_memorises_its_block(embedded_4096: Path, tmp_path: Path) -
     losses = [r["loss"] for r in records if r["type"] == "step"]
     assert losses[-1] < 1.0
 
-    model, meta = load_model_for_inference(out)
+    model, meta = load_model(out)
     dataset = ShardDataset.open(meta["data_dir"])
     context = model.config.context
     block = dataset.train.window(0, context + 1).tolist()

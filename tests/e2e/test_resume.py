@@ -20,68 +20,18 @@ import torch
 
 from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
+from tests.e2e.helpers import (
+    STEPS,
+    assert_same_run,
+    end_hash,
+    octlm,
+    optimizer_tensors,
+    split_run,
+    steps_of,
+    train_args,
+)
 
-STEPS = 8
-
-
-def octlm(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}  # never prepare implicitly
-    proc = subprocess.run(
-        [sys.executable, "-m", "octlm", *args], capture_output=True, text=True, env=env, **kw
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"octlm {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def train_args(data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "train",
-        "--model",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--steps",
-        str(STEPS),
-        "--warmup",
-        "3",
-        "--lr",
-        "3e-3",
-        "--context",
-        "32",
-        "--micro-batch",
-        "2",
-        "--accum",
-        "2",
-        "--val-every",
-        "3",
-        "--val-batches",
-        "2",
-        "--ckpt-every",
-        "5",
-        "--dtype",
-        "fp32",
-        "--no-progress",
-        *extra,
-    ]
-
-
-def steps_of(run: Path) -> list[tuple[int, float, float]]:
-    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_log(run) if r["type"] == "step"]
-
-
-def end_hash(run: Path) -> str:
-    ends = [r for r in read_log(run) if r["type"] == "end"]
-    assert len(ends) == 1, "exactly one end record"
-    return ends[0]["weights_sha256"]
-
-
-def optimizer_tensors(run: Path) -> dict[str, torch.Tensor]:
-    path, sha = ckpt.find_checkpoint(run)
-    _, tensors = ckpt.load_checkpoint(path, sha)
-    return ckpt.split_tensors(tensors, "optim.")
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +52,6 @@ def reference(tiny_dataset: Path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def straight(reference) -> dict[str, Path]:
     return {"fp32": reference(), "bf16": reference("--dtype", "bf16")}
-
-
-def split_run(data: Path, out: Path, k: int, *extra: str) -> Path:
-    stop = octlm(*train_args(data, out, "--stop-at", str(k), *extra))
-    assert f"stopped at step {k}" in stop.stderr
-    octlm(*train_args(data, out, "--resume", *extra))
-    return out
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -215,13 +158,6 @@ def test_checkpoint_has_every_state_and_no_pickle(tiny_dataset, tmp_path) -> Non
     assert (out / "snapshots" / "step_000002.safetensors").is_file()
     hashed = octlm("hash", str(out / "snapshots" / "step_000002.safetensors")).stdout.split()[0]
     assert hashed == octlm("hash", str(out)).stdout.split()[0]
-
-
-def assert_same_run(run: Path, ref: Path) -> None:
-    assert end_hash(run) == end_hash(ref)
-    assert steps_of(run) == steps_of(ref)
-    a, b = optimizer_tensors(run), optimizer_tensors(ref)
-    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
 @pytest.fixture(scope="module")

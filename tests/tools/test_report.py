@@ -18,14 +18,14 @@ import pytest
 
 from octlm.cli import main
 from octlm.config import load_toml
-from octlm.report import report as page
-from octlm.report.presets import schedule_defaults, schedule_presets
-from octlm.report.runs import load_run, load_runs
 from octlm.runlog import RunLog
+from octlm.tools.report import report as page
+from octlm.tools.report.presets import schedule_defaults, schedule_presets
+from octlm.tools.report.runs import load_run, load_runs
 from octlm.train.schedule import learning_rate
 
-REPO = Path(__file__).resolve().parents[1]
-SCHEDULE_JS = REPO / "octlm" / "report" / "assets" / "schedule.js"
+REPO = Path(__file__).resolve().parents[2]
+SCHEDULE_JS = REPO / "octlm" / "tools" / "report" / "assets" / "schedule.js"
 SHIPPED = sorted((REPO / "configs").glob("*.toml"))
 NODE = shutil.which("node")
 EVIL = "</script><script>alert(1)</script><!-- \u2028 & </SCRIPT >"
@@ -75,6 +75,7 @@ EDGE_CONFIGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", [schedule(p) for p in SHIPPED] + EDGE_CONFIGS)
 def test_js_learning_rate_equals_python_exactly_at_the_edges(cfg: dict) -> None:
     steps = edge_steps(cfg)
@@ -82,6 +83,7 @@ def test_js_learning_rate_equals_python_exactly_at_the_edges(cfg: dict) -> None:
     assert js_rates([(cfg, s) for s in steps]) == expected  # the same doubles, bit for bit
 
 
+@pytest.mark.slow
 def test_js_learning_rate_within_1e15_at_every_step_of_the_shipped_configs() -> None:
     # Math.cos (V8) and the C library's cos may round a few arguments differently (1 ulp of the
     # cosine): exact at the edges above, relatively within 1e-15 everywhere.
@@ -220,6 +222,7 @@ def test_cli_report_out_is_a_folder_is_one_error_line(tmp_path: Path, capsys) ->
     assert capsys.readouterr().err.startswith(f"octlm: error: {tmp_path} is a folder")
 
 
+@pytest.mark.slow
 def test_cli_report_error_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "octlm", "report", str(tmp_path)],
@@ -235,6 +238,7 @@ def test_cli_report_error_in_a_real_process_has_no_traceback(tmp_path: Path) -> 
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", page.SCRIPTS)
 def test_every_script_asset_is_valid_javascript(name: str) -> None:
     if NODE is None:

@@ -3,6 +3,7 @@
 octlm's model is Llama's architecture with Llama's RoPE layout, so the `hf` export is a renaming
 of tensors plus config and tokenizer files; no tensor is permuted. Only safetensors and json are
 needed here: `transformers` is for whoever loads the result, never imported by octlm.
+Importing this module imports no torch (the CLI parser reads FORMATS); exporting does.
 """
 
 from __future__ import annotations
@@ -11,20 +12,19 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import save_file
-
+from octlm.data.shards import TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
-from octlm.hashing import file_sha256
-from octlm.model import ModelConfig
 from octlm.tokenizer import BOS, EOS, PAD, Tokenizer
-from octlm.train import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    import torch
+
+    from octlm.model import ModelConfig
 
 FORMATS = ("hf", "safetensors")
-TOKENIZER_NAME = "tokenizer.json"
 SAFETENSORS_NAME = "model.safetensors"
 
 # octlm name inside each block -> Llama name (w1 = gate, w3 = up, w2 = down in SwiGLU).
@@ -45,27 +45,17 @@ _TOP_NAMES = {
 }
 
 
-def load_weights(run_or_ckpt: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(metadata, model weights under octlm's names) of a run, checkpoint or snapshot file."""
-    path, sha = ckpt.find_checkpoint(run_or_ckpt)
-    meta, tensors = ckpt.load_checkpoint(path, sha)
-    if "model_config" not in meta:
-        raise ckpt.CheckpointError(f"{path} holds no model config", "name an octlm checkpoint")
-    # Full checkpoints prefix weights with "model."; snapshots and exports store them bare.
-    weights = ckpt.split_tensors(tensors, "model.") or tensors
-    meta["path"] = str(path)
-    return meta, weights
-
-
 def hf_state_dict(weights: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
     """octlm weights under Llama's names; the tied output layer gets no `lm_head` entry."""
+    from octlm.train.checkpoint import CheckpointError
+
     table = dict(_TOP_NAMES)
     for i in range(n_layers):
         for ours, theirs in _LAYER_NAMES.items():
             table[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
     if set(weights) != set(table):
         extra, missing = sorted(set(weights) - set(table)), sorted(set(table) - set(weights))
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"the checkpoint's weights do not fit the model (extra {extra[:3]}, missing "
             f"{missing[:3]})",
             "name an octlm checkpoint",
@@ -73,7 +63,7 @@ def hf_state_dict(weights: dict[str, torch.Tensor], n_layers: int) -> dict[str, 
     return {table[name]: t.detach().contiguous() for name, t in weights.items()}
 
 
-def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+def hf_config(config: ModelConfig, dtype: torch.dtype | str = "float32") -> dict[str, Any]:
     """config.json for LlamaForCausalLM (special-token ids are added by the caller)."""
     dtype_name = str(dtype).removeprefix("torch.")  # the checkpoint's: float32 unless edited
     return {
@@ -124,27 +114,6 @@ def tokenizer_config(context: int) -> dict[str, Any]:
     }
 
 
-def find_tokenizer(meta: dict[str, Any], tokenizer: str | Path | None) -> Path:
-    """The run's tokenizer.json (or `tokenizer`), checked against the checkpoint's fingerprint."""
-    expected = (meta.get("fingerprints") or {}).get("tokenizer")
-    if expected is None:
-        raise ckpt.CheckpointError(
-            f"{meta['path']} records no tokenizer fingerprint", "name an octlm checkpoint"
-        )
-    path = Path(tokenizer) if tokenizer else Path(meta.get("data_dir", "")) / TOKENIZER_NAME
-    if not path.is_file():
-        raise OctlmError(
-            f"the run's tokenizer {path} is missing",
-            "pass --tokenizer PATH to the tokenizer.json it trained with",
-        )
-    if file_sha256(path) != expected:
-        raise OctlmError(
-            f"{path} is not the tokenizer the run trained with (fingerprint {expected[:12]})",
-            "pass --tokenizer PATH to the tokenizer.json it trained with",
-        )
-    return path
-
-
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
@@ -182,6 +151,11 @@ def export_hf(
     tokenizer: str | Path | None = None,
 ) -> Path:
     """Write a LlamaForCausalLM folder: config, weights, tokenizer and generation config."""
+    from safetensors.torch import save_file
+
+    from octlm.load import load_weights, tokenizer_file
+    from octlm.model import ModelConfig
+
     out = Path(out)
     _refuse_non_empty(out, force)
     if out.is_file():
@@ -189,7 +163,7 @@ def export_hf(
     meta, weights = load_weights(run_or_ckpt)
     config = ModelConfig.from_dict(meta["model_config"])
     tensors = hf_state_dict(weights, config.n_layers)
-    tok_path = find_tokenizer(meta, tokenizer)
+    tok_path = tokenizer_file(meta, tokenizer)
     tok = Tokenizer.load(tok_path)  # also checks the specials sit at ids 0-2
     ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
     # Everything goes into a sibling folder first, so a failure leaves OUT as it was.
@@ -228,16 +202,14 @@ def export_safetensors(run_or_ckpt: str | Path, out: str | Path, *, force: bool 
         raise OctlmError(f"{out} is a file", "name a folder, or a file ending in .safetensors")
     if out.suffix == ".safetensors" and out.is_dir():
         raise OctlmError(f"{out} is a folder", "name a file ending in .safetensors")
+    from safetensors.torch import save_file
+
+    from octlm.load import load_weights
+    from octlm.train.checkpoint import snapshot_header
+
     target = out if out.suffix == ".safetensors" else out / SAFETENSORS_NAME
     meta, weights = load_weights(run_or_ckpt)
-    header = {
-        "format": "octlm-snapshot",
-        "format_version": ckpt.FORMAT_VERSION,
-        "model_config": meta["model_config"],
-        "fingerprints": meta.get("fingerprints"),
-        "train_state": meta.get("train_state"),
-        "data_dir": meta.get("data_dir"),
-    }
+    header = snapshot_header(meta)
     tensors = {name: t.detach().contiguous() for name, t in weights.items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(

@@ -15,7 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from octlm.analyze import (
+from octlm.data.order import Sampler
+from octlm.data.shards import ShardDataset, TokenStream
+from octlm.errors import OctlmError
+from octlm.model import GPT, preset
+from octlm.tools.analyze import (
     FP16_MIN_SUBNORMAL,
     token_counts,
     underflow_for_run,
@@ -23,10 +27,6 @@ from octlm.analyze import (
     unigram_entropy,
     unigram_for_data,
 )
-from octlm.data.order import Sampler
-from octlm.data.shards import ShardDataset, TokenStream
-from octlm.errors import OctlmError
-from octlm.model import GPT, preset
 
 CONTEXT = 32
 
@@ -163,6 +163,7 @@ def tiny_run(tiny_dataset: Path, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_underflow_on_a_run(tiny_run: Path, tiny_dataset: Path) -> None:
     r = underflow_for_run(tiny_run)
     assert "micro-batch 0 of step 2" in r.source and r.dtype == "bf16" and r.accum == 2
@@ -176,6 +177,7 @@ def test_underflow_on_a_run(tiny_run: Path, tiny_dataset: Path) -> None:
         underflow_for_run(tiny_run, micro_batch=0)
 
 
+@pytest.mark.slow
 def test_cli(tiny_run: Path, tiny_dataset: Path, tmp_path: Path) -> None:
     with ThreadPoolExecutor(3) as pool:
         uni, uf, missing = pool.map(

@@ -2,6 +2,8 @@
 
 Compared per step: loss and gradient norm (exact float equality, as logged), and the weights
 hash wherever both logs recorded one (`hash` records, and the `end` record at the last step).
+A log cut short by a kill, or with a damaged line, is compared on what is readable (a note
+says how many lines were skipped).
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from octlm.errors import OctlmError
-from octlm.runlog import read_log
+from octlm.runlog import read_log_counted
 
 
 @dataclass(frozen=True)
@@ -35,20 +36,15 @@ class DiffResult:
     """Largest |loss_a - loss_b| over all common steps."""
 
 
-def _index(records: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[int, str]]:
-    steps = {r["step"]: r for r in records if r.get("type") == "step"}
-    hashes = {r["step"]: r["weights_sha256"] for r in records if r.get("type") == "hash"}
-    for r in records:
-        if r.get("type") == "end":
-            hashes[r["step"] - 1] = r["weights_sha256"]  # end's step counts steps done
+def _index(records: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[int, str | None]]:
+    def at(kind: str) -> list[dict[str, Any]]:  # a readable but damaged record has no step
+        return [r for r in records if r.get("type") == kind and isinstance(r.get("step"), int)]
+
+    steps = {r["step"]: r for r in at("step")}
+    hashes = {r["step"]: r.get("weights_sha256") for r in at("hash")}
+    for r in at("end"):
+        hashes[r["step"] - 1] = r.get("weights_sha256")  # end's step counts steps done
     return steps, hashes
-
-
-def load(run: str | Path) -> list[dict[str, Any]]:
-    path = Path(run)
-    if not (path / "log.jsonl").is_file() and not path.is_file():
-        raise OctlmError(f"no run log at {path}", "name a run folder or its log.jsonl")
-    return read_log(path)
 
 
 def diff_runs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> DiffResult:
@@ -93,3 +89,14 @@ def format_diff(result: DiffResult, name_a: str, name_b: str) -> list[str]:
     if result.steps_a != result.steps_b:
         lines.append(f"note: {name_a} logged {result.steps_a} steps, {name_b} {result.steps_b}")
     return lines
+
+
+def diff_folders(run_a: str | Path, run_b: str | Path) -> tuple[list[str], bool]:
+    """`octlm diff`: the report's lines, and whether the runs match on every common step."""
+    (a, bad_a), (b, bad_b) = read_log_counted(run_a), read_log_counted(run_b)
+    result = diff_runs(a, b)
+    lines = format_diff(result, str(run_a), str(run_b))
+    for run, bad in ((run_a, bad_a), (run_b, bad_b)):
+        if bad:
+            lines.append(f"note: {run} has {bad} unreadable line(s), skipped")
+    return lines, result.first is None and result.common_steps > 0

@@ -20,12 +20,15 @@ from safetensors.torch import save_file
 from octlm.cli import main
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
-from octlm.export import export
 from octlm.generate import generate
 from octlm.hashing import file_sha256, weights_sha256
+from octlm.load import load_model
 from octlm.model import GPT, ModelConfig
 from octlm.tokenizer import Tokenizer
-from octlm.train.loop import load_model_for_inference
+from octlm.tools.export import export
+
+# Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).
+pytestmark = pytest.mark.slow
 
 # Loading must never reach the network; the hub reads these when transformers is imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -88,7 +91,7 @@ def hf_dir(run: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def ours(run: Path) -> GPT:
-    return load_model_for_inference(run)[0]
+    return load_model(run)[0]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +109,7 @@ def val_batch(tiny_dataset: Path) -> torch.Tensor:
 def test_hf_folder_holds_llama_config_and_names(hf_dir: Path, run: Path, tiny_dataset) -> None:
     assert {p.name for p in hf_dir.iterdir()} == HF_FILES
     cfg = json.loads((hf_dir / "config.json").read_text())
-    model = ModelConfig.from_dict(load_model_for_inference(run)[1]["model_config"])
+    model = ModelConfig.from_dict(load_model(run)[1]["model_config"])
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["max_position_embeddings"]) == (
         model.d_model,
@@ -204,7 +207,7 @@ def test_safetensors_round_trips(run: Path, ours: GPT, capsys) -> None:
         model = GPT(ModelConfig.from_dict(meta["model_config"]))
         model.load_state_dict(tensors)
         assert weights_sha256(model.state_dict()) == expected
-        assert meta["fingerprints"] == load_model_for_inference(run)[1]["fingerprints"]
+        assert meta["fingerprints"] == load_model(run)[1]["fingerprints"]
     # The header makes the file an octlm snapshot, so the run commands accept it.
     capsys.readouterr()
     assert main(["hash", str(file_out)]) == 0
@@ -248,5 +251,5 @@ def test_bad_input_is_one_error_line(run, tiny_dataset, tmp_path, capsys) -> Non
 
 
 def test_export_never_imports_transformers() -> None:
-    code = "import sys, octlm.export, octlm.cli; sys.exit('transformers' in sys.modules)"
+    code = "import sys, octlm.tools.export, octlm.cli; sys.exit('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -13,7 +13,7 @@ from typing import Any
 from octlm.config import ConfigError, TrainConfig, load_toml
 
 SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio")
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def schedule_defaults() -> dict[str, Any]:

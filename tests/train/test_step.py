@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from octlm.model import GPT, IGNORE_INDEX, preset
-from octlm.train.step import train_step
+from octlm.train.step import StepSetup, train_step
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
@@ -64,7 +64,9 @@ def run_step(micro_batches, *, seed: int = 0, weight_decay: float = 0.0, **kwarg
 
     opt.register_step_pre_hook(grab)
     kwargs.setdefault("grad_clip", 0.0)
-    result = train_step(model, opt, micro_batches, lr=1e-3, device=CPU, **kwargs)
+    measure = kwargs.pop("measure_noise", False)
+    setup = StepSetup(forward=model, device=CPU, **kwargs)
+    result = train_step(setup, opt, micro_batches, lr=1e-3, measure_noise=measure)
     return result, (captured[0] if captured else None), model
 
 
@@ -141,7 +143,7 @@ def test_all_ignore_step_reports_zero_loss_and_moves_nothing() -> None:
 def test_step_sets_the_learning_rate_and_clears_gradients() -> None:
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=5.0)
-    train_step(model, opt, [make_batch(2)], lr=2.5e-4, grad_clip=1.0, device=CPU)
+    train_step(StepSetup(model, CPU, grad_clip=1.0), opt, [make_batch(2)], lr=2.5e-4)
     assert [g["lr"] for g in opt.param_groups] == [2.5e-4]
     assert all(p.grad is None for p in model.parameters())
 

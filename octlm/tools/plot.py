@@ -2,7 +2,9 @@
 
 Panels: training and validation loss against tokens with the unigram-entropy baseline dashed
 (what a model that knows only token frequencies scores), the learning rate, the gradient norm
-with the clipping threshold and clipped steps marked, and throughput.
+with the clipping threshold and clipped steps marked, and throughput. A log cut short by a kill
+is drawn up to the cut. matplotlib is optional (`pip install 'octlm[plot]'`): only this command
+needs it, and without it the command says so in one line.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octlm.data.shards import MANIFEST_NAME
 from octlm.errors import OctlmError
-from octlm.runlog import read_log
+from octlm.runlog import read_log, require_log
+
+STEP_KEYS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s")
+VAL_KEYS = ("step", "val_loss")
 
 
 @dataclass
@@ -32,16 +38,18 @@ class RunSeries:
 
 
 def load_series(run: str | Path) -> RunSeries:
-    path = Path(run)
-    if not (path / "log.jsonl").is_file():
-        raise OctlmError(f"no run log at {path / 'log.jsonl'}", "name a run folder")
-    records = read_log(path)
+    """A run's header, step and validation records (a folder or its log file)."""
+    folder = require_log(run).parent
+    records = read_log(run)
+
+    def complete(kind: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [r for r in records if r["type"] == kind and all(k in r for k in keys)]
+
     headers = [r for r in records if r["type"] == "header"]
-    steps = [r for r in records if r["type"] == "step"]
+    steps = complete("step", STEP_KEYS)
     if not headers or not steps:
-        raise OctlmError(f"{path} has no training steps logged yet", "train it first")
-    vals = [r for r in records if r["type"] == "val"]
-    return RunSeries(path.name, headers[0], steps, vals)
+        raise OctlmError(f"{folder} has no training steps logged yet", "train it first")
+    return RunSeries(folder.name, headers[0], steps, complete("val", VAL_KEYS))
 
 
 def clipped_points(s: RunSeries) -> list[tuple[int, float]]:
@@ -55,11 +63,11 @@ def clipped_points(s: RunSeries) -> list[tuple[int, float]]:
 
 def unigram_baseline(series: list[RunSeries]) -> float | None:
     """The unigram entropy of the first run's validation data, if that data is still there."""
-    from octlm.analyze import unigram_entropy
     from octlm.data.shards import ShardDataset
+    from octlm.tools.analyze import unigram_entropy
 
     data_dir = series[0].header.get("data_dir")
-    if not data_dir or not (Path(data_dir) / "manifest.json").is_file():
+    if not data_dir or not (Path(data_dir) / MANIFEST_NAME).is_file():
         return None
     dataset = ShardDataset.open(data_dir)
     return unigram_entropy(dataset.val, dataset.manifest["tokenizer"]["vocab_size"])
@@ -69,12 +77,23 @@ def _num(value: Any) -> float:
     return float(value)  # "nan"/"inf" strings from the log parse too
 
 
-def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> Path:
-    import matplotlib
-
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only; a one-line error when it is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise OctlmError(
+            "`octlm plot` needs matplotlib, which is not installed",
+            "pip install 'octlm[plot]' (or pip install matplotlib)",
+        ) from None
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> Path:
+    plt = pyplot()
     series = [load_series(r) for r in runs]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     ax_loss, ax_lr, ax_norm, ax_speed = axes.flat

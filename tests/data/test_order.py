@@ -159,26 +159,27 @@ def test_too_short_stream_is_rejected() -> None:
 
 def test_sampler_state_round_trips_through_json(train_stream) -> None:
     sampler = Sampler(train_stream, seed=3, context=CONTEXT, micro_batch=4, accum=2)
-    sampler.step = 123
-    state = json.loads(json.dumps(sampler.state_dict()))
+    state = json.loads(json.dumps(sampler.state_dict(123)))
     other = Sampler(train_stream, seed=3, context=CONTEXT, micro_batch=4, accum=2)
-    other.load_state_dict(state)
-    assert other.step == 123
-    assert other.state_dict() == state
+    other.load_state_dict(state, 123)
+    assert other.state_dict(123) == state
+    assert not hasattr(other, "step")  # the run's TrainState.step is the only counter
+    with pytest.raises(ValueError, match="at step 123, the run at 124"):
+        other.load_state_dict(state, 124)
 
 
 def test_loading_a_state_from_another_seed_or_dataset_raises(train_stream) -> None:
-    state = Sampler(train_stream, seed=3, context=CONTEXT, micro_batch=4, accum=2).state_dict()
+    state = Sampler(train_stream, seed=3, context=CONTEXT, micro_batch=4, accum=2).state_dict(0)
     with pytest.raises(ValueError, match="another seed"):
         Sampler(train_stream, seed=4, context=CONTEXT, micro_batch=4, accum=2).load_state_dict(
-            state
+            state, 0
         )
     with pytest.raises(ValueError, match="another seed or dataset"):
-        Sampler(train_stream, seed=3, context=16, micro_batch=4, accum=2).load_state_dict(state)
+        Sampler(train_stream, seed=3, context=16, micro_batch=4, accum=2).load_state_dict(state, 0)
     tampered = {**state, "generator": {**state["generator"], "state": {"state": 1, "inc": 3}}}
     with pytest.raises(ValueError, match="generator changed"):
         Sampler(train_stream, seed=3, context=CONTEXT, micro_batch=4, accum=2).load_state_dict(
-            tampered
+            tampered, 0
         )
 
 

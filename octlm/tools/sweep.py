@@ -13,19 +13,17 @@ import csv
 import itertools
 import os
 import statistics
-import subprocess
 import sys
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from octlm.config import NON_TRAJECTORY_KEYS, TrainConfig, make_config
+from octlm.config import NON_TRAJECTORY_KEYS, TrainConfig, make_config, read_toml
 from octlm.errors import OctlmError
-from octlm.runlog import read_log
-from octlm.verify import to_toml
+from octlm.runlog import log_file, read_log
+from octlm.tools import subrun
 
 _TYPES = {f.name: str(f.type).replace(" | None", "") for f in fields(TrainConfig)}
 
@@ -104,34 +102,18 @@ def plan(
     return specs
 
 
-def load_sweep_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(train keys, sweep table) of a sweep TOML: train keys plus an optional [sweep] table with
-    `grid = {key = [values]}`, `sets = [{...}, ...]` and `repeats`."""
-    path = Path(path)
-    if not path.is_file():
-        raise OctlmError(f"config file not found: {path}", "check the --config path")
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    sweep = data.pop("sweep", {})
-    unknown = set(sweep) - {"grid", "sets", "repeats"}
-    if unknown:
-        raise OctlmError(
-            f"{path}: unknown [sweep] key(s) {sorted(unknown)}", "use grid, sets and repeats"
-        )
-    return data, sweep
-
-
 def finished(run: Path) -> bool:
-    log = run / "log.jsonl"
-    return log.is_file() and any(r["type"] == "end" for r in read_log(run))
+    """Whether the run's log ends it (a log cut by a kill reads up to the cut: not finished)."""
+    return log_file(run).is_file() and any(r["type"] == "end" for r in read_log(run))
 
 
 def final_val_loss(run: Path) -> float | None:
-    vals = [r["val_loss"] for r in read_log(run) if r["type"] == "val"]
+    vals = [r["val_loss"] for r in read_log(run) if r["type"] == "val" and "val_loss" in r]
     return float(vals[-1]) if vals else None
 
 
 class Sweep:
-    def __init__(self, out: Path, base: dict[str, Any], specs: list[RunSpec], jobs: int) -> None:
+    def __init__(self, out: Path, base: TrainConfig, specs: list[RunSpec], jobs: int) -> None:
         self.out, self.base, self.specs, self.jobs = out, base, specs, max(1, jobs)
         self.config_path = out / "base.toml"
         self.durations: list[float] = []
@@ -141,24 +123,12 @@ class Sweep:
     def run_dir(self, spec: RunSpec) -> Path:
         return self.out / "runs" / spec.name
 
-    def command(self, spec: RunSpec) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "octlm",
-            "train",
-            "--config",
-            str(self.config_path),
-            "--out",
-            str(self.run_dir(spec)),
-            "--seed",
-            str(spec.seed),
-            "--resume",
-            "--no-progress",
-        ]
+    def flags(self, spec: RunSpec) -> list[str]:
+        """What one run adds to the base settings: its seed and setting, and --resume."""
+        flags = ["--seed", str(spec.seed), "--resume"]
         for key, value in spec.setting:
-            cmd += [f"--{key.replace('_', '-')}", _fmt(value)]
-        return cmd
+            flags += [f"--{key.replace('_', '-')}", _fmt(value)]
+        return flags
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -180,19 +150,16 @@ class Sweep:
             flush=True,
         )
         t0 = time.perf_counter()
-        proc = subprocess.run(
-            self.command(spec), capture_output=True, text=True, env=self._env(), check=False
-        )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            self.failures[spec.name] = last
-            print(f"  {spec.name} failed: {last}", file=sys.stderr, flush=True)
+        run_dir, flags = self.run_dir(spec), self.flags(spec)
+        error = subrun.train(self.config_path, run_dir, *flags, env=self._env())
+        if error is not None:
+            self.failures[spec.name] = error
+            print(f"  {spec.name} failed: {error}", file=sys.stderr, flush=True)
             return
         self.durations.append(time.perf_counter() - t0)
 
     def run(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(to_toml(self.base))
+        subrun.write_config(self.base, self.config_path)  # prepares the embedded corpus once
         todo = [(i, s) for i, s in enumerate(self.specs) if not finished(self.run_dir(s))]
         self.todo = len(todo)
         skipped = len(self.specs) - len(todo)
@@ -284,15 +251,7 @@ def write_summary(out: Path, rows: list[dict[str, Any]], failures: dict[str, str
 
 def base_from(config_path: str | None, overrides: dict[str, Any]) -> tuple[TrainConfig, dict]:
     """The sweep's base TrainConfig (file < flags) and the file's [sweep] table."""
-    from octlm.config import config_keys
-
-    train_keys, table = load_sweep_file(config_path) if config_path else ({}, {})
-    unknown = sorted(set(train_keys) - set(config_keys()))
-    if unknown:
-        raise OctlmError(
-            f"{config_path}: unknown key(s) {', '.join(unknown)}",
-            "see `octlm train --help` for the keys",
-        )
+    train_keys, table = read_toml(config_path, sweep=True) if config_path else ({}, {})
     given = {k: v for k, v in overrides.items() if v is not None}
     return make_config(None, **{**train_keys, **given}), table
 
@@ -319,15 +278,7 @@ def run_sweep(
     if n_repeats < 1:
         raise OctlmError(f"--repeats {n_repeats} runs nothing", "use --repeats 1 or more")
     specs = plan(base, grid, explicit, n_repeats)
-    from octlm.train.loop import resolve_data  # prepare the embedded corpus once, not per run
-
-    values = {
-        k: v
-        for k, v in base.to_dict().items()
-        if k not in ("out", "resume", "stop_at", "progress", "seed")
-    }
-    values["data"] = str(resolve_data(base).resolve())
-    sweep = Sweep(out, values, specs, jobs)
+    sweep = Sweep(out, base, specs, jobs)
     sweep.run()
     rows = sweep.summarise()
     write_summary(out, rows, sweep.failures)

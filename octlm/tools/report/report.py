@@ -20,8 +20,8 @@ from typing import Any
 from octlm import __version__
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write_bytes
-from octlm.report.presets import schedule_defaults, schedule_of, schedule_presets
-from octlm.report.runs import load_runs
+from octlm.tools.report.presets import schedule_defaults, schedule_of, schedule_presets
+from octlm.tools.report.runs import load_runs
 
 # Inlined in this order, one <script> each: later files use the earlier ones' functions.
 SCRIPTS = ("schedule.js", "charts.js", "runs.js", "playground.js", "main.js")
@@ -35,7 +35,8 @@ _JSON_ESCAPES = {
 
 
 def asset(name: str) -> str:
-    return resources.files("octlm.report").joinpath("assets", name).read_text(encoding="utf-8")
+    folder = resources.files("octlm.tools.report").joinpath("assets")
+    return folder.joinpath(name).read_text(encoding="utf-8")
 
 
 def embed_json(data: Any) -> str:

@@ -6,13 +6,12 @@ where the input is not a run at all (no log, no header): that is a one-line `Oct
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from octlm.errors import OctlmError
-from octlm.runlog import LOG_NAME
+from octlm.runlog import read_log_counted, require_log
 
 SAMPLES_NAME = "samples.txt"
 STEP_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s", "mfu")
@@ -39,42 +38,10 @@ def number(value: Any) -> float | int | None:
     return value if math.isfinite(value) else None
 
 
-def log_path(run: str | Path) -> Path:
-    """The log of a run folder, or the log file itself; an error when there is none."""
-    path = Path(run)
-    if path.is_dir():
-        path = path / LOG_NAME
-    if not path.is_file():
-        raise OctlmError(
-            f"no run log at {path}",
-            "pass a run folder written by `octlm train` (it holds log.jsonl)",
-        )
-    return path
-
-
-def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The log's records, and how many lines were unreadable (cut short by a crash)."""
-    records, bad = [], 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-            else:
-                bad += 1
-    return records, bad
-
-
 def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     """One run as columns (`steps`, `val`), its header fields, events, end record and samples."""
-    path = log_path(run)
-    records, bad = read_records(path)
+    path = require_log(run)
+    records, bad = read_log_counted(path)
     headers = [r for r in records if r.get("type") == "header"]
     if not headers:
         raise OctlmError(
@@ -84,10 +51,10 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     by_type: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by_type.setdefault(str(r.get("type")), []).append(r)
-    steps = sorted(by_type.get("step", []), key=lambda r: r.get("step", 0))
+    steps = sorted(by_type.get("step", []), key=_step)
     tokens_at = {r.get("step"): r.get("tokens") for r in steps}
     per_step = header.get("tokens_per_step")
-    vals = sorted(by_type.get("val", []), key=lambda r: r.get("step", 0))
+    vals = sorted(by_type.get("val", []), key=_step)
     val = {k: [number(r.get(k)) for r in vals] for k in VAL_FIELDS}
     # A validation after step s has seen the tokens of steps 0..s.
     val["tokens"] = [
@@ -108,6 +75,10 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "samples": _samples(folder, by_type.get("sample", [])),
         "bad_lines": bad,
     }
+
+
+def _step(record: dict[str, Any]) -> float:
+    return number(record.get("step")) or 0  # a damaged record sorts first, never raises
 
 
 def _tokens_after(step: Any, per_step: Any) -> int | None:
@@ -136,7 +107,7 @@ def _samples(folder: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]
 
 def load_runs(runs: list[str | Path]) -> list[dict[str, Any]]:
     """Several runs; names are folder names, made longer (parent/name) where two collide."""
-    paths = [log_path(r).parent for r in runs]
+    paths = [require_log(r).parent for r in runs]
     short = [p.name for p in paths]
     names = [f"{p.parent.name}/{p.name}" if short.count(p.name) > 1 else p.name for p in paths]
     names = [n if names.count(n) == 1 else f"{n} ({i + 1})" for i, n in enumerate(names)]

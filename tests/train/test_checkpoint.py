@@ -1,5 +1,6 @@
 """Tests for octlm.train.checkpoint and octlm.train.state: pickle-free safetensors files, atomic
-saves, sha256 and version checks, the latest.json rotation, optimizer and RNG round-trips."""
+saves, sha256 and version checks, the latest.json rotation, the v1 layout of a run's state,
+optimizer and RNG round-trips, and a Run's state_dict/resume."""
 
 from __future__ import annotations
 
@@ -28,17 +29,20 @@ from octlm.train.checkpoint import (
     LATEST,
     CheckpointError,
     find_checkpoint,
+    flatten,
     load_checkpoint,
     optimizer_from_flat,
     optimizer_to_flat,
+    pack,
     read_latest,
     save_checkpoint,
     split_tensors,
+    unflatten,
+    unpack,
 )
-from octlm.train.loop import Run
-from octlm.train.schedule import learning_rate
-from octlm.train.state import TrainState, capture_rng, restore_rng
-from octlm.train.step import train_step
+from octlm.train.run import Run, build_run, resume
+from octlm.train.state import TrainState, load_rng_state_dict, rng_state_dict
+from octlm.train.step import advance as advance_one
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
@@ -65,24 +69,14 @@ def run_config(tiny_dataset: Path, out: Path) -> TrainConfig:
 def advance(run: Run, n: int = 1) -> None:
     """n real optimizer steps of a Run, as the loop takes them."""
     for _ in range(n):
-        s = run.state.step
-        batches = [run.sampler.batch(s, m) for m in range(run.cfg.accum)]
-        train_step(
-            run.model,
-            run.optimizer,
-            batches,
-            lr=learning_rate(s, run.cfg),
-            grad_clip=run.cfg.grad_clip,
-            device=CPU,
-        )
-        run.state.step = run.sampler.step = s + 1
+        advance_one(run, validating=False)
 
 
 @pytest.fixture(scope="module")
 def saved_run(tiny_dataset, tmp_path_factory) -> tuple[Run, Path]:
     """A real run after one step, checkpointed. Read-only: copy the folder to change it."""
     out = tmp_path_factory.mktemp("ckpt_run") / "run"
-    run = Run(run_config(tiny_dataset, out))
+    run = build_run(run_config(tiny_dataset, out))
     advance(run)
     run.save()
     run.saver.wait()
@@ -162,7 +156,7 @@ def test_loading_never_unpickles(saved_run, monkeypatch) -> None:
 
 def test_load_returns_exactly_what_was_saved(saved_run) -> None:
     run, path = saved_run
-    meta, tensors = run.checkpoint_meta_and_tensors()
+    meta, tensors = pack(run.state_dict())
     loaded_meta, loaded = load_checkpoint(*find_checkpoint(run.out))
     assert find_checkpoint(run.out)[0] == path
     assert sorted(loaded) == sorted(tensors)
@@ -366,9 +360,9 @@ def test_run_resume_restores_weights_optimizer_and_counters(saved_run, tmp_path:
     run, _ = saved_run
     out = tmp_path / "run"
     shutil.copytree(run.out, out)
-    fresh = Run(run.cfg.replace(out=str(out), resume=True))
-    fresh.resume()
-    assert fresh.state.step == fresh.sampler.step == run.state.step == 1
+    fresh = build_run(run.cfg.replace(out=str(out), resume=True))
+    resume(fresh)
+    assert fresh.state.step == run.state.step == 1
     assert_optimizer_states_equal(fresh.optimizer.state_dict(), run.optimizer.state_dict())
     for (name, p), q in zip(
         run.model.state_dict().items(), fresh.model.state_dict().values(), strict=True
@@ -393,28 +387,30 @@ def draws() -> tuple:
 def test_restore_rng_repeats_every_generators_draws() -> None:
     random.gauss(0, 1)  # leave a cached Gaussian in both Python's and NumPy's state
     np.random.standard_normal()
-    meta, tensors = capture_rng()
+    state = rng_state_dict()
     first = draws()
     assert draws() != first  # the generators moved on
-    restore_rng(meta, tensors)
+    load_rng_state_dict(state)
     assert draws() == first
 
 
 def test_captured_rng_meta_is_json_and_restores_after_a_json_round_trip() -> None:
-    meta, tensors = capture_rng()
+    meta, tensors = flatten(rng_state_dict(), "rng.")
     text = json.dumps(meta, allow_nan=False)
     first = draws()
-    restore_rng(json.loads(text), {k: v.clone() for k, v in tensors.items()})
+    load_rng_state_dict(
+        unflatten(json.loads(text), {k: v.clone() for k, v in tensors.items()}, "rng.")
+    )
     assert draws() == first
     assert all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in tensors.values())
 
 
 def test_rng_survives_a_checkpoint_file(tmp_path: Path) -> None:
-    meta, tensors = capture_rng()
-    path = save_checkpoint(tmp_path, 1, {"rng": meta}, {f"rng.{k}": v for k, v in tensors.items()})
+    meta, tensors = flatten(rng_state_dict(), "rng.")
+    path = save_checkpoint(tmp_path, 1, {"rng": meta}, tensors)
     first = draws()
     loaded_meta, loaded = load_checkpoint(path, file_sha256(path))
-    restore_rng(loaded_meta["rng"], split_tensors(loaded, "rng."))
+    load_rng_state_dict(unflatten(loaded_meta["rng"], loaded, "rng."))
     assert draws() == first
 
 
@@ -426,3 +422,58 @@ def test_train_state_round_trip() -> None:
     legacy = {k: v for k, v in state.state_dict().items() if k != "skipped_steps"}
     other.load_state_dict(legacy)
     assert other.skipped_steps == 0
+
+
+# --- the v1 layout of a run's state ------------------------------------------------------------
+
+
+def test_flatten_splits_tensors_from_json_and_unflatten_inverts_it() -> None:
+    tree = {
+        "layers.0.w": torch.ones(2),  # a name with dots of its own stays one entry
+        "n": 3,
+        "sub": {"a": torch.zeros(1), "b": [1, 2]},
+        "only_tensors": {"t": torch.arange(2)},
+    }
+    meta, tensors = flatten(tree, "p.")
+    assert meta == {"n": 3, "sub": {"b": [1, 2]}}  # a dict of tensors only leaves no JSON
+    assert sorted(tensors) == ["p.layers.0.w", "p.only_tensors.t", "p.sub.a"]
+    flat = unflatten(meta, {"p.layers.0.w": tensors["p.layers.0.w"]}, "p.")
+    assert set(flat) == {"layers.0.w", "n", "sub"}
+    deep = unflatten(meta, {k: v for k, v in tensors.items() if "layers" not in k}, "p.", depth=2)
+    assert torch.equal(deep["sub"]["a"], torch.zeros(1)) and deep["sub"]["b"] == [1, 2]
+    assert torch.equal(deep["only_tensors"]["t"], torch.arange(2))
+
+
+def test_a_runs_state_packs_into_the_v1_names_and_unpacks_to_itself(saved_run) -> None:
+    run, path = saved_run
+    state = run.state_dict()
+    meta, tensors = pack(state)
+    # The names every octlm since 0.1 writes and reads (tests/golden holds such a file).
+    assert {k.split(".", 1)[0] for k in tensors} == {"model", "optim", "rng"}
+    assert set(meta) == {
+        "train_state", "sampler", "optimizer", "scaler", "rng", "fingerprints", "trajectory",
+        "config", "model_config", "data_dir", "build", "world", "rng_ranks",
+    }  # fmt: skip
+    assert meta["rng_ranks"] == [] and "torch_cpu" not in meta["rng"]
+    assert sorted(meta["optimizer"]) == ["param_groups", "scalars"]
+    back = unpack(json.loads(json.dumps(meta)), tensors)
+    assert back["train_state"] == state["train_state"] and back["sampler"] == json.loads(
+        json.dumps(state["sampler"])
+    )
+    assert_optimizer_states_equal(back["optimizer"], state["optimizer"])
+    assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())
+    assert torch.equal(back["rng"][0]["torch_cpu"], state["rng"][0]["torch_cpu"])
+    # And the file on disk holds exactly the packed names.
+    _, loaded = load_checkpoint(path, None)
+    assert sorted(loaded) == sorted(tensors)
+
+
+def test_golden_v1_checkpoint_unpacks_and_repacks_to_the_same_entries() -> None:
+    golden = Path(__file__).parents[1] / "golden" / "v1-micro" / "run"
+    meta, tensors = load_checkpoint(*find_checkpoint(golden))
+    again_meta, again = pack(unpack(meta, tensors))
+    assert sorted(again) == sorted(tensors)
+    assert all(torch.equal(again[k], tensors[k]) for k in tensors)
+    assert json.loads(json.dumps(again_meta)) == {
+        k: v for k, v in meta.items() if k not in ("format", "format_version")
+    }

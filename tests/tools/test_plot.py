@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from octlm.errors import OctlmError
-from octlm.plot import clipped_points, load_series, plot_runs, unigram_baseline
+from octlm.tools.plot import clipped_points, load_series, plot_runs, unigram_baseline
+
+# Every test here starts `python -m octlm` (or reads the runs a fixture trained with it).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

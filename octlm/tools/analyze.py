@@ -17,8 +17,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from octlm.data.shards import TokenStream
+from octlm.data.order import Sampler
+from octlm.data.shards import ShardDataset, TokenStream
+from octlm.device import autocast, check_dtype
 from octlm.errors import OctlmError
+from octlm.load import load_model, run_dataset
 
 FP16_MIN_SUBNORMAL = 2.0**-24  # smaller magnitudes flush to zero in FP16
 FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits
@@ -56,8 +59,6 @@ def entropy_of_counts(counts: np.ndarray) -> float:
 
 def unigram_for_data(data_dir: str | Path) -> dict[str, Any]:
     """The validation split's unigram entropy of a prepared dataset folder."""
-    from octlm.data.shards import ShardDataset
-
     root = Path(data_dir)
     if not root.is_dir():
         raise OctlmError(f"{root} is not a folder", "name a dataset folder made by `octlm prepare`")
@@ -169,10 +170,7 @@ def underflow_report(
     `.grad`s are left untouched: the backward asks only for the embedding's gradient, which
     every Linear output lies on the path to.
     """
-    from octlm.train.step import AUTOCAST_DTYPES, autocast
-
-    if dtype not in AUTOCAST_DTYPES:
-        raise OctlmError(f"dtype {dtype!r} is unknown", f"use one of {sorted(AUTOCAST_DTYPES)}")
+    check_dtype(dtype)
     device = torch.device(device)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
@@ -218,24 +216,18 @@ def underflow_for_run(
     The step defaults to the one the checkpoint would take next, so the gradient is the one
     training was about to compute; micro_batch, dtype, context, accum and seed are the run's.
     """
-    from octlm.data.order import Sampler
-    from octlm.data.shards import ShardDataset
-    from octlm.train.loop import load_model_for_inference
-
     if micro_batch is not None and micro_batch < 1:
         raise OctlmError(f"--micro-batch {micro_batch} holds no sequence", "use 1 or more")
     if step is not None and step < 0:
         raise OctlmError(f"--step {step} is negative", "use a step >= 0")
-    model, meta = load_model_for_inference(run_or_ckpt, device=device)
+    model, meta = load_model(run_or_ckpt, device=device)
     cfg = meta.get("config")
     if not cfg:
         raise OctlmError(
             f"{meta['path']} holds no training config (a weights-only snapshot?)",
             "name the run folder or one of its full checkpoints",
         )
-    dataset = ShardDataset.open(
-        meta["data_dir"], tokenizer_fingerprint=meta["fingerprints"]["tokenizer"]
-    )
+    dataset = run_dataset(meta)
     step = meta["train_state"]["step"] if step is None else step
     try:
         sampler = Sampler(

@@ -1,0 +1,73 @@
+"""What guards a run folder while a trainer uses it: the lock, the "already holds a run" check,
+and the stop signal that ends a run cleanly at a step boundary."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from octlm.errors import OctlmError
+from octlm.runlog import LOG_NAME
+from octlm.train.checkpoint import read_latest
+
+
+def has_run(out: Path) -> bool:
+    """Whether `out` already holds a run: a listed checkpoint or a log."""
+    return bool(read_latest(out)) or (out / LOG_NAME).exists()
+
+
+class RunLock:
+    """An OS lock on `OUT/.lock` for as long as a trainer uses the folder. The kernel drops it
+    when the process dies, so a lock left by a killed trainer never blocks a resume."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / ".lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OctlmError(
+                f"{self.path.parent} is in use by another trainer (pid {holder})",
+                "wait for it to finish, or choose another --out",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
+
+
+class StopFlag:
+    """SIGINT/SIGTERM: finish the current step, checkpoint, exit 0. A second signal exits now."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested is not None:
+            os._exit(128 + signum)  # the last complete checkpoint stays as it is
+        self.requested = signal.Signals(signum).name
+        print(f"\n{self.requested}: finishing this step, then checkpointing", file=sys.stderr)

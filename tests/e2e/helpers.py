@@ -1,0 +1,118 @@
+"""Helpers the end-to-end modules share: the `octlm` CLI in a subprocess, the standard tiny
+training arguments, and readers for a finished run's log and checkpoints.
+
+Test modules import from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from octlm.config import make_config
+from octlm.runlog import read_log
+from octlm.train import checkpoint as ckpt
+
+STEPS = 8
+
+
+def octlm(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}  # never prepare implicitly
+    proc = subprocess.run(
+        [sys.executable, "-m", "octlm", *args], capture_output=True, text=True, env=env, **kw
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"octlm {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--warmup",
+        "3",
+        "--lr",
+        "3e-3",
+        "--context",
+        "32",
+        "--micro-batch",
+        "2",
+        "--accum",
+        "2",
+        "--val-every",
+        "3",
+        "--val-batches",
+        "2",
+        "--ckpt-every",
+        "5",
+        "--dtype",
+        "fp32",
+        "--no-progress",
+        *extra,
+    ]
+
+
+def steps_of(run: Path) -> list[tuple[int, float, float]]:
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_log(run) if r["type"] == "step"]
+
+
+def end_hash(run: Path) -> str:
+    ends = [r for r in read_log(run) if r["type"] == "end"]
+    assert len(ends) == 1, "exactly one end record"
+    return ends[0]["weights_sha256"]
+
+
+def optimizer_tensors(run: Path) -> dict[str, torch.Tensor]:
+    path, sha = ckpt.find_checkpoint(run)
+    _, tensors = ckpt.load_checkpoint(path, sha)
+    return ckpt.split_tensors(tensors, "optim.")
+
+
+def split_run(data: Path, out: Path, k: int, *extra: str) -> Path:
+    stop = octlm(*train_args(data, out, "--stop-at", str(k), *extra))
+    assert f"stopped at step {k}" in stop.stderr
+    octlm(*train_args(data, out, "--resume", *extra))
+    return out
+
+
+def assert_same_run(run: Path, ref: Path) -> None:
+    assert end_hash(run) == end_hash(ref)
+    assert steps_of(run) == steps_of(ref)
+    a, b = optimizer_tensors(run), optimizer_tensors(ref)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def listed(out: Path) -> list[dict]:
+    return json.loads((out / "checkpoints" / "latest.json").read_text())["checkpoints"]
+
+
+def run_cfg(data: Path, out: Path, **kw):
+    base = dict(
+        model="tiny",
+        data=str(data),
+        out=str(out),
+        steps=6,
+        warmup=2,
+        lr=3e-3,
+        context=32,
+        micro_batch=2,
+        accum=2,
+        dtype="fp32",
+        val_every=0,
+        ckpt_every=2,
+        progress=False,
+    )
+    return make_config(None, **{**base, **kw})

@@ -1,0 +1,101 @@
+"""The house rules the layout makes visible, held by a test (docs/architecture.md).
+
+No re-export under `noqa: F401`, no underscore name imported from another module, no package
+file over 400 lines nor function over 60, and the rooms' import directions: `octlm/train/`
+imports no tool, no `octlm.load` and no CLI; nothing below the tools imports `octlm.tools`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "octlm"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+# Known and measured, left for a follow-up (see the redesign's closing note): they may only
+# shrink. Anything else over a limit fails.
+KNOWN_LONG = {"octlm/cli.py": 437, "octlm/tools/plot.py:plot_runs": 67}
+
+
+def sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE.parent)): p.read_text() for p in PACKAGE.rglob("*.py")}
+
+
+def imports(tree: ast.AST) -> list[ast.ImportFrom | ast.Import]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in imports(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return {n for n in names if n.startswith("octlm")}
+
+
+def test_no_reexports_under_noqa_f401() -> None:
+    bad = [f for f, text in sources().items() if "noqa: F401" in text]
+    assert bad == []
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    bad = []
+    for name, text in sources().items():
+        for node in imports(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("octlm"):
+                bad += [f"{name}: {node.module}.{a.name}" for a in node.names if a.name[0] == "_" and not a.name.startswith("__")]
+    assert bad == []
+
+
+def test_no_package_file_is_over_400_lines() -> None:
+    sizes = {name: len(text.splitlines()) for name, text in sources().items()}
+    over = {n: s for n, s in sizes.items() if s > MAX_FILE_LINES}
+    assert {n: s for n, s in over.items() if s > KNOWN_LONG.get(n, MAX_FILE_LINES)} == {}
+
+
+def test_no_function_is_over_60_lines() -> None:
+    long = {}
+    for name, text in sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                key = f"{name}:{node.name}"
+                if lines > KNOWN_LONG.get(key, MAX_FUNCTION_LINES):
+                    long[key] = lines
+    assert long == {}
+
+
+def test_train_imports_no_tool_no_loader_and_no_cli() -> None:
+    bad = {}
+    for name, text in sources().items():
+        if name.startswith("octlm/train/"):
+            used = imported_modules(ast.parse(text))
+            wrong = {m for m in used if m.startswith(("octlm.tools", "octlm.load", "octlm.cli"))}
+            if wrong:
+                bad[name] = sorted(wrong)
+    assert bad == {}
+
+
+def test_only_the_cli_and_the_tools_import_the_tools() -> None:
+    bad = {}
+    for name, text in sources().items():
+        if name.startswith("octlm/tools/") or name == "octlm/cli.py":
+            continue
+        wrong = {m for m in imported_modules(ast.parse(text)) if m.startswith("octlm.tools")}
+        if wrong:
+            bad[name] = sorted(wrong)
+    assert bad == {}
+
+
+def test_the_rules_catch_what_they_forbid(tmp_path) -> None:
+    """The checks above can fail: each is shown a file that breaks its rule."""
+    text = "from octlm.x import _y  # noqa: F401\n" + "def f():\n" + "    pass\n" * 61
+    tree = ast.parse(text)
+    assert "noqa: F401" in text
+    assert [a.name for n in imports(tree) for a in n.names] == ["_y"]
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assert fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES
+    assert "octlm.tools.plot" in imported_modules(ast.parse("from octlm.tools import plot"))
