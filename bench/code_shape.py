@@ -38,9 +38,8 @@ def distinct_names(fn: ast.AST) -> set[str]:
                 while isinstance(sub, ast.Attribute | ast.Name):
                     inner.add(id(sub))
                     sub = getattr(sub, "value", None)
-        elif isinstance(node, ast.Name) and id(node) not in inner:
-            if node.id not in dir(builtins):
-                names.add(node.id)
+        elif isinstance(node, ast.Name) and id(node) not in inner and node.id not in dir(builtins):
+            names.add(node.id)
     return names
 
 
@@ -67,7 +66,9 @@ def main() -> None:
         me = module_name(root, f)
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                functions.append((node.end_lineno - node.lineno + 1, f"{f.relative_to(root)}:{node.name}"))
+                functions.append(
+                    (node.end_lineno - node.lineno + 1, f"{f.relative_to(root)}:{node.name}")
+                )
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("octlm"):
                 pairs.add((me, node.module))
             if isinstance(node, ast.Import):

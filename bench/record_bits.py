@@ -39,7 +39,9 @@ SETTINGS = {
 
 def octlm(*args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OCTLM_CACHE": str(ROOT / "cache")}
-    proc = subprocess.run([sys.executable, "-m", "octlm", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "octlm", *args], capture_output=True, text=True, env=env
+    )
     if proc.returncode:
         raise SystemExit(f"octlm {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
 
@@ -98,7 +100,11 @@ def diff(a, b, where: str = "") -> list[str]:
                 out += diff(a[k], b[k], f"{where}/{k}")
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{where}[{i}]")]
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in diff(x, y, f"{where}[{i}]")
+        ]
     return [] if a == b else [f"{where}: {str(a)[:80]} != {str(b)[:80]}"]
 
 

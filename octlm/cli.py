@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from octlm.tools.rundiff import diff_folders
 from octlm.tools.subrun import torchrun
 from octlm.tools.sweep import base_from, run_sweep
 
-Handler = Callable[[argparse.Namespace], int]
 Commands = Any  # what `add_subparsers()` returns (its class is private to argparse)
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
 
@@ -56,14 +55,14 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             "--vocab-size has no effect with --tokenizer (its vocabulary is fixed)",
             "drop one of the two",
         )
-    sizes = {"val_fraction": args.val_fraction, "context": args.context, "force": args.force}
+    same = {k: getattr(args, k) for k in ("val_fraction", "context", "shard_tokens", "force")}
+    tokenizer, vocab_size = args.tokenizer and Path(args.tokenizer), args.vocab_size
     cfg = PrepareConfig(
         out=Path(args.out),
         inputs=tuple(args.inputs),
-        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
-        vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
-        shard_tokens=args.shard_tokens,
-        **sizes,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size or DEFAULT_VOCAB_SIZE,
+        **same,
     )
     print("\n".join(summary_lines(prepare(cfg), cfg.out)))
     return 0
@@ -89,10 +88,6 @@ def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str
     return {key: getattr(args, key) for key in config_keys() if key not in skip}
 
 
-def _config_from_args(args: argparse.Namespace):
-    return make_config(args.config, **_overrides(args))
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     from octlm.train.distributed import launched_by_torchrun
     from octlm.train.loop import train
@@ -101,7 +96,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise OctlmError(f"--nproc {args.nproc} starts no process", "use --nproc 1 or more")
     if args.nproc and args.nproc > 1 and not launched_by_torchrun():
         return torchrun(args.nproc, sys.argv[1:])
-    train(_config_from_args(args))
+    train(make_config(args.config, **_overrides(args)))
     return 0
 
 
@@ -114,7 +109,10 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
             "drop --resume and --stop-at; use --split K",
         )
     workdir = Path(args.workdir) if args.workdir else None
-    cfg, echo = _config_from_args(args), lambda line: print(line, file=sys.stderr)
+    cfg, echo = (
+        make_config(args.config, **_overrides(args)),
+        lambda line: print(line, file=sys.stderr),
+    )
     summaries, kept = verify_resume(cfg, args.split, keep=args.keep, workdir=workdir, echo=echo)
     print("\n".join(format_result(summaries, kept)))
     return 0 if all(s.identical for s in summaries) else 1
@@ -177,8 +175,7 @@ def _cmd_hash(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     out = write_page(build_report(args.runs, title=args.title), args.out)
-    runs = f"{len(args.runs)} run" + ("s" if len(args.runs) > 1 else "")
-    print(f"wrote {out} ({runs}; open it in a browser)")
+    print(f"wrote {out} ({len(args.runs)} run{'s' * (len(args.runs) > 1)}; open it in a browser)")
     return 0
 
 
@@ -387,9 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler: Handler = args.handler
     try:
-        return handler(args)
+        return args.handler(args)
     except OctlmError as exc:
         print(f"octlm: error: {exc.message}", file=sys.stderr)
         return 1

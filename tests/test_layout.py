@@ -46,7 +46,11 @@ def test_no_private_name_is_imported_from_another_module() -> None:
     for name, text in sources().items():
         for node in imports(ast.parse(text)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("octlm"):
-                bad += [f"{name}: {node.module}.{a.name}" for a in node.names if a.name[0] == "_" and not a.name.startswith("__")]
+                bad += [
+                    f"{name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name[0] == "_" and not a.name.startswith("__")
+                ]
     assert bad == []
 
 
