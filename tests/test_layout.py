@@ -103,3 +103,9 @@ def test_the_rules_catch_what_they_forbid(tmp_path) -> None:
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     assert fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES
     assert "octlm.tools.plot" in imported_modules(ast.parse("from octlm.tools import plot"))
+
+
+def test_architecture_doc_quotes_the_loop_body_as_it_is() -> None:
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    quoted = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    assert quoted in (PACKAGE / "train" / "loop.py").read_text()
