@@ -11,11 +11,11 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-# Only modules that import no torch are imported here, so `octlm --help` stays quick; the
-# handlers import the rest (training, loading, evaluation) when they run.
+# Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
 from octlm.config import DTYPES, TrainConfig, config_keys, field_docs, make_config
 from octlm.data.corpus import read_documents
@@ -31,7 +31,6 @@ from octlm.tools.rundiff import diff_folders
 from octlm.tools.subrun import torchrun
 from octlm.tools.sweep import base_from, run_sweep
 
-Commands = Any  # what `add_subparsers()` returns (its class is private to argparse)
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
 
 
@@ -55,14 +54,15 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             "--vocab-size has no effect with --tokenizer (its vocabulary is fixed)",
             "drop one of the two",
         )
-    same = {k: getattr(args, k) for k in ("val_fraction", "context", "shard_tokens", "force")}
-    tokenizer, vocab_size = args.tokenizer and Path(args.tokenizer), args.vocab_size
     cfg = PrepareConfig(
         out=Path(args.out),
         inputs=tuple(args.inputs),
-        tokenizer=tokenizer,
-        vocab_size=vocab_size or DEFAULT_VOCAB_SIZE,
-        **same,
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
+        val_fraction=args.val_fraction,
+        context=args.context,
+        shard_tokens=args.shard_tokens,
+        force=args.force,
     )
     print("\n".join(summary_lines(prepare(cfg), cfg.out)))
     return 0
@@ -88,6 +88,10 @@ def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str
     return {key: getattr(args, key) for key in config_keys() if key not in skip}
 
 
+def _config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return make_config(args.config, **_overrides(args))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from octlm.train.distributed import launched_by_torchrun
     from octlm.train.loop import train
@@ -96,7 +100,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise OctlmError(f"--nproc {args.nproc} starts no process", "use --nproc 1 or more")
     if args.nproc and args.nproc > 1 and not launched_by_torchrun():
         return torchrun(args.nproc, sys.argv[1:])
-    train(make_config(args.config, **_overrides(args)))
+    train(_config_from_args(args))
     return 0
 
 
@@ -109,10 +113,7 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
             "drop --resume and --stop-at; use --split K",
         )
     workdir = Path(args.workdir) if args.workdir else None
-    cfg, echo = (
-        make_config(args.config, **_overrides(args)),
-        lambda line: print(line, file=sys.stderr),
-    )
+    cfg, echo = _config_from_args(args), partial(print, file=sys.stderr)
     summaries, kept = verify_resume(cfg, args.split, keep=args.keep, workdir=workdir, echo=echo)
     print("\n".join(format_result(summaries, kept)))
     return 0 if all(s.identical for s in summaries) else 1
@@ -221,7 +222,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"octlm: error: {message}; see `{self.prog} --help`\n")
 
 
-def _add_data_commands(sub: Commands) -> None:
+def _add_data_commands(sub: Any) -> None:
     tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
     tt = tok_sub.add_parser("train", help="train on text files, folders or JSONL")
@@ -248,7 +249,7 @@ def _add_data_commands(sub: Commands) -> None:
     pr.set_defaults(handler=_cmd_prepare)
 
 
-def _add_train_commands(sub: Commands) -> None:
+def _add_train_commands(sub: Any) -> None:
     tr = sub.add_parser("train", help="train a model (flags override --config)")
     _add_train_flags(tr)
     nproc = "processes on this machine: launches torchrun (gloo on CPU, NCCL on GPU)"
@@ -275,40 +276,36 @@ def _add_train_commands(sub: Commands) -> None:
     sw.set_defaults(handler=_cmd_sweep)
 
 
-def _add_log_commands(sub: Commands) -> None:
+def _add_log_commands(sub: Any) -> None:
     pl = sub.add_parser("plot", help="loss, learning rate, gradient norm and speed of runs")
     pl.add_argument("runs", nargs="+", metavar="RUN", help="run folders (overlaid)")
     pl.add_argument("-o", "--output", required=True, help="PNG file to write")
     pl.add_argument("--no-unigram", action="store_true", help="omit the unigram baseline")
     pl.set_defaults(handler=_cmd_plot)
-
     df = sub.add_parser("diff", help="first step where two run logs differ")
     df.add_argument("run_a")
     df.add_argument("run_b")
     df.set_defaults(handler=_cmd_diff)
 
 
-def _run_parser(sub: Commands, name: str, help_text: str) -> argparse.ArgumentParser:
-    """A command on a trained model: a run folder or a checkpoint file."""
+def _run_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=help_text)
     parser.add_argument("run", help="run folder (its newest checkpoint) or checkpoint file")
     return parser
 
 
-def _add_model_commands(sub: Commands) -> None:
+def _add_model_commands(sub: Any) -> None:
     ev = _run_parser(sub, "eval", "validation loss, perplexity and bits per byte")
     ge = _run_parser(sub, "generate", "continue a prompt")
     ha = _run_parser(sub, "hash", "print the model's weights_sha256")
     for parser in (ev, ge, ha):
         parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-
     ev.add_argument("--data", help="dataset folder (default: the one the run trained on)")
     ev.add_argument("--split", choices=SPLITS, default="val")
     ev.add_argument("--batches", type=int, default=40, help="micro-batches; 0 = the whole split")
     ev.add_argument("--micro-batch", type=int, default=16)
     ev.add_argument("--dtype", choices=DTYPES, default="fp32")
     ev.set_defaults(handler=_cmd_eval)
-
     ge.add_argument("--prompt", required=True)
     ge.add_argument("--data", help="dataset folder whose tokenizer to use (default: the run's)")
     ge.add_argument("--max-new-tokens", type=int, default=64)
@@ -319,19 +316,18 @@ def _add_model_commands(sub: Commands) -> None:
     ha.set_defaults(handler=_cmd_hash)
 
 
-def _add_page_commands(sub: Commands) -> None:
+def _add_page_commands(sub: Any) -> None:
     rp = sub.add_parser("report", help="one self-contained HTML page of runs, with playgrounds")
     rp.add_argument("runs", nargs="+", metavar="RUN", help="run folder (or its log.jsonl)")
     rp.add_argument("-o", "--out", default="report.html", help="HTML file to write (folders made)")
     rp.add_argument("--title", help="page title (default: the runs' names)")
     rp.set_defaults(handler=_cmd_report)
-
     pg = sub.add_parser("playground", help="an HTML page of the schedule and clipping playgrounds")
     pg.add_argument("-o", "--out", default="playground.html", help="HTML file to write")
     pg.set_defaults(handler=_cmd_playground)
 
 
-def _add_export_command(sub: Commands) -> None:
+def _add_export_command(sub: Any) -> None:
     ex = _run_parser(sub, "export", "write a Hugging Face Llama folder or plain safetensors")
     ex.add_argument("out", help="folder to write (safetensors: a folder or a .safetensors file)")
     kinds = "hf: LlamaForCausalLM folder with tokenizer (default); safetensors: octlm's weights"
@@ -341,8 +337,7 @@ def _add_export_command(sub: Commands) -> None:
     ex.set_defaults(handler=_cmd_export)
 
 
-def _add_machine_commands(sub: Commands) -> None:
-    """analyze (a dataset, a run's gradients) and bench (this machine)."""
+def _add_machine_commands(sub: Any) -> None:
     an = sub.add_parser("analyze", help="dataset and gradient diagnostics")
     an_sub = an.add_subparsers(dest="analyze_command", required=True, metavar="ACTION")
     au = an_sub.add_parser("unigram", help="unigram entropy of a dataset's validation split")
@@ -382,8 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except OctlmError as exc:
@@ -393,8 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)
         return 0
     except OSError as exc:  # disk full, permissions, a file where a folder should be
-        where = f": {exc.filename}" if exc.filename else ""
-        problem = f"{exc.strerror or exc}{where}"
+        problem = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
         print(f"octlm: error: {problem}; check the path and free space", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

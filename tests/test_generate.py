@@ -1,12 +1,16 @@
-"""Tests for octlm.generate: greedy decoding, seeded sampling, top-k, and no global RNG use."""
+"""Tests for octlm.generate: greedy decoding, seeded sampling, top-k, no global RNG use, text in
+and out, and settings that cannot sample refused in one line (`octlm generate` too)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from octlm.generate import generate
+from octlm.cli import main
+from octlm.errors import OctlmError
+from octlm.generate import check_sampling, generate, generate_text
 from octlm.model import GPT, preset
+from octlm.tokenizer import Tokenizer
 
 CONTEXT = 32
 PROMPT = [1, 17, 250, 3, 99]
@@ -112,3 +116,45 @@ def test_zero_new_tokens_and_empty_prompt(model: GPT) -> None:
     assert generate(model, PROMPT, 0) == []
     with pytest.raises(ValueError, match="prompt"):
         generate(model, [], 5)
+
+
+def test_text_is_the_prompt_and_the_decoded_continuation(model: GPT, tiny_tokenizer) -> None:
+    tok: Tokenizer = tiny_tokenizer
+    ids = [tok.bos_id, *tok.encode("ROMEO:", add_special_tokens=False)]
+    new = generate(model, ids, 12, temperature=0.9, top_k=20, seed=3, stop_id=tok.eos_id)
+    text = generate_text(model, tok, "ROMEO:", max_new_tokens=12, temperature=0.9, top_k=20, seed=3)
+    assert text == "ROMEO:" + tok.decode(new)
+    assert generate_text(model, tok, "ROMEO:", max_new_tokens=0) == "ROMEO:"
+
+
+@pytest.mark.parametrize(
+    "max_new, temperature, top_k, expected",
+    [
+        (-1, 0.0, None, "--max-new-tokens -1 is negative; use --max-new-tokens 0 or more"),
+        (8, -0.5, None, "--temperature -0.5 is not a finite number >= 0; use --temperature 0"),
+        (8, float("nan"), None, "--temperature nan is not a finite number >= 0"),
+        (8, 1.0, 0, "--top-k 0 keeps no token; use --top-k 1 or more"),
+        (8, 1.0, -3, "--top-k -3 keeps no token"),
+    ],
+)
+def test_settings_that_cannot_sample_are_one_line_errors(
+    model: GPT, tiny_tokenizer, max_new, temperature, top_k, expected
+) -> None:
+    with pytest.raises(OctlmError) as info:
+        check_sampling(max_new, temperature, top_k)
+    assert info.value.message.startswith(expected) and "\n" not in info.value.message
+    with pytest.raises(OctlmError, match="^--"):
+        generate_text(
+            model, tiny_tokenizer, "a", max_new_tokens=max_new, temperature=temperature, top_k=top_k
+        )
+    check_sampling(0, 0.0, 1)  # the smallest accepted settings
+
+
+@pytest.mark.parametrize(
+    "flags", [["--max-new-tokens", "-2"], ["--temperature", "-1"], ["--top-k", "0"]]
+)
+def test_the_cli_refuses_them_before_it_loads_a_model(tmp_path, capsys, flags) -> None:
+    # The run does not exist: the settings are refused first, in one line.
+    assert main(["generate", str(tmp_path / "no-run"), "--prompt", "x", *flags]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"octlm: error: {flags[0]} {flags[1]}"), err

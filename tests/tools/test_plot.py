@@ -1,4 +1,6 @@
-"""`octlm plot` on real tiny runs: a PNG with every panel, several runs overlaid."""
+"""`octlm plot`: on real tiny runs a PNG with every panel, several runs overlaid (slow: they are
+trained by `python -m octlm`); in-process, logs a kill or a bad disk damaged, and an install
+without matplotlib (one error line saying how to get it)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from octlm.cli import main
 from octlm.errors import OctlmError
-from octlm.tools.plot import clipped_points, load_series, plot_runs, unigram_baseline
-
-# Every test here starts `python -m octlm` (or reads the runs a fixture trained with it).
-pytestmark = pytest.mark.slow
+from octlm.tools.plot import clipped_points, load_series, plot_runs, pyplot, unigram_baseline
+from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,7 @@ def runs(tiny_dataset, tmp_path_factory) -> list[Path]:
     return out
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png_with_all_panels(runs, tmp_path) -> None:
     import matplotlib.image
 
@@ -77,6 +79,7 @@ def test_plot_writes_a_png_with_all_panels(runs, tmp_path) -> None:
     assert image[..., :3].std() > 0.05  # not a blank canvas
 
 
+@pytest.mark.slow
 def test_series_and_baseline(runs, tiny_dataset) -> None:
     series = load_series(runs[0])
     assert [r["step"] for r in series.steps] == list(range(6))
@@ -86,6 +89,7 @@ def test_series_and_baseline(runs, tiny_dataset) -> None:
     assert baseline is not None and 0 < baseline < 6.3  # below ln(512)
 
 
+@pytest.mark.slow
 def test_clipped_steps_are_marked(runs, tmp_path) -> None:
     import matplotlib
 
@@ -102,6 +106,7 @@ def test_clipped_steps_are_marked(runs, tmp_path) -> None:
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_plot_bad_input(tmp_path) -> None:
     with pytest.raises(OctlmError, match="no run log"):
         plot_runs([tmp_path], tmp_path / "x.png")
@@ -120,3 +125,37 @@ def test_plot_bad_input(tmp_path) -> None:
     )
     assert proc.returncode == 1 and proc.stderr.startswith("octlm: error: no run log")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_damaged_log_is_plotted_as_far_as_it_is_readable(tmp_path: Path) -> None:
+    run = write_log(tmp_path / "run", end=False)
+    insert_line(run, 3, GARBAGE_LINE)
+    insert_line(run, 5, '{"type": "step", "step": 2}')  # parses, but holds no numbers
+    append_line(run, CUT_LINE, newline=False)  # the last line, cut by a kill
+    series = load_series(run)
+    assert [r["step"] for r in series.steps] == list(range(6))
+    assert [v["step"] for v in series.vals] == [1, 3, 5]
+    png = plot_runs([run / "log.jsonl"], tmp_path / "cut.png")  # the log file names it too
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pyplot().close("all")
+
+
+def test_a_log_without_steps_is_one_error_line(tmp_path: Path, capsys) -> None:
+    run = write_log(tmp_path / "run", steps=0, end=False)
+    append_line(run, CUT_LINE, newline=False)
+    assert main(["plot", str(run), "-o", str(tmp_path / "x.png")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"octlm: error: {run} has no training steps logged yet; train it first"]
+
+
+def test_without_matplotlib_plot_says_how_to_get_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    run = write_log(tmp_path / "run")
+    for name in ("matplotlib", "matplotlib.pyplot"):
+        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: import fails
+    with pytest.raises(OctlmError, match="needs matplotlib"):
+        pyplot()
+    assert main(["plot", str(run), "-o", str(tmp_path / "x.png")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "pip install 'octlm[plot]'" in err[0], err
+    assert err[0].startswith("octlm: error: `octlm plot` needs matplotlib, which is not installed")
+    assert not (tmp_path / "x.png").exists()

@@ -147,6 +147,20 @@ def test_load_run_reads_columns_gaps_events_and_samples(tmp_path: Path) -> None:
     assert data["samples"] == [{"source": "samples.txt", "text": "ROMEO: " + EVIL}]
 
 
+def test_a_garbled_line_mid_log_is_skipped_and_counted(tmp_path: Path, capsys) -> None:
+    run = write_run(tmp_path / "a")
+    lines = (run / "log.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[3:3] = ["\x00\x00 not json\n", "[1, 2]\n", '{"type": "step", "step": "x"}\n']
+    (run / "log.jsonl").write_text("".join(lines), encoding="utf-8")
+    data = load_run(run)
+    assert data["bad_lines"] == 2  # the garbage and the JSON that is no record
+    steps = data["steps"]["step"]
+    assert steps.count(None) == 1 and [s for s in steps if s is not None] == list(range(6))
+    assert data["val"]["step"] == [1, 3, 5] and data["end"]["step"] == 6
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_runs_without_samples_have_none_and_same_names_are_told_apart(tmp_path: Path) -> None:
     a = write_run(tmp_path / "x" / "run")
     b = write_run(tmp_path / "y" / "run")
@@ -233,8 +247,8 @@ def test_cli_report_error_in_a_real_process_has_no_traceback(tmp_path: Path) -> 
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
-        f"octlm: error: no run log at {tmp_path / 'log.jsonl'}; pass a run folder written by "
-        "`octlm train` (it holds log.jsonl)"
+        f"octlm: error: no run log at {tmp_path / 'log.jsonl'}; name a run folder written by "
+        "`octlm train` (it holds log.jsonl), or the log itself"
     ]
 
 

@@ -1,12 +1,29 @@
-"""Sweep planning and summaries (pure parts); a real sweep runs in tests/e2e/test_sweep.py."""
+"""Sweep planning and summaries, the sweep file, and a killed sweep's re-run over logs a kill cut
+short (runs launched by a stand-in for `subrun.train`); a real sweep runs in
+tests/e2e/test_sweep.py."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from octlm.config import TrainConfig
+from octlm.config import ConfigError, TrainConfig, load_toml
 from octlm.errors import OctlmError
-from octlm.tools.sweep import mark_noise, parse_assignments, parse_set, plan
+from octlm.runlog import RunLog
+from octlm.tools import subrun
+from octlm.tools.sweep import (
+    Sweep,
+    base_from,
+    final_val_loss,
+    finished,
+    mark_noise,
+    parse_assignments,
+    parse_set,
+    plan,
+)
+from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
 
 
 def test_grid_values_take_the_field_types() -> None:
@@ -54,3 +71,81 @@ def test_noise_marks() -> None:
     assert marks["b"] == "+0.080 within noise"
     assert marks["c"] == "+0.300 beyond noise"
     assert "noise unknown" in marks["d"] and marks["e"] == "failed"
+
+
+def test_finished_and_the_final_loss_read_cut_and_garbled_logs(tmp_path: Path) -> None:
+    done = write_log(tmp_path / "done")
+    append_line(done, CUT_LINE, newline=False)
+    garbled = write_log(tmp_path / "garbled")
+    insert_line(garbled, 2, GARBAGE_LINE)
+    killed = write_log(tmp_path / "killed", steps=4, end=False)
+    append_line(killed, CUT_LINE, newline=False)
+    assert finished(done) and finished(garbled)
+    assert not finished(killed) and not finished(tmp_path / "never-started")
+    assert final_val_loss(done) == final_val_loss(garbled) == 5.5 - 5 / 10
+    assert final_val_loss(killed) == 5.5 - 3 / 10
+
+
+def fake_trainer(calls: list, fail: str | None = None):
+    """Stands in for `subrun.train`: records the launch, then resumes the run as the trainer
+    would (drop the records the checkpoint at step 2 is past, a cut line with them)."""
+
+    def train(config: Path, out: Path, *flags: str, env=None) -> str | None:
+        calls.append((out.name, flags))
+        if fail:
+            return fail
+        RunLog(out).truncate_after(2)
+        write_log(out, first=2 if (out / "log.jsonl").exists() else 0)
+        return None
+
+    return train
+
+
+def test_a_killed_sweep_rerun_skips_finished_runs_and_resumes_the_cut_one(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    base = TrainConfig(model="tiny", context=32, steps=6, warmup=2, data=str(tmp_path / "data"))
+    specs = plan(base, {"lr": [1e-3, 3e-3]}, [], repeats=1)
+    sweep = Sweep(tmp_path / "sw", base, specs, jobs=1)
+    write_log(sweep.run_dir(specs[0]))  # finished before the kill
+    killed = write_log(sweep.run_dir(specs[1]), steps=4, end=False)
+    append_line(killed, CUT_LINE, newline=False)  # the kill cut its last line
+    calls: list = []
+    monkeypatch.setattr(subrun, "train", fake_trainer(calls))
+    sweep.run()
+    assert calls == [("lr=0.003-r0", ("--seed", "1337", "--resume", "--lr", "0.003"))]
+    err = capsys.readouterr().err
+    assert "1 of 2 runs already finished: skipped" in err and "[2/2] lr=0.003-r0" in err
+    assert finished(killed) and final_val_loss(killed) == 5.0
+    rows = sweep.summarise()
+    assert [(r["setting"], r["repeats"], r["failed"]) for r in rows] == [
+        ("lr=0.001", 1, 0),
+        ("lr=0.003", 1, 0),
+    ]
+    written = load_toml(sweep.config_path)  # what every run reads: no per-launch key
+    assert written["data"] == str((tmp_path / "data").resolve()) and written["lr"] == base.lr
+    assert not set(written) & set(subrun.PER_LAUNCH_KEYS)
+
+
+def test_a_failed_run_is_recorded_with_its_last_error_line(tmp_path: Path, monkeypatch) -> None:
+    base = TrainConfig(model="tiny", context=32, steps=6, warmup=2, data=str(tmp_path / "data"))
+    sweep = Sweep(tmp_path / "sw", base, plan(base, {}, [], repeats=1), jobs=1)
+    monkeypatch.setattr(subrun, "train", fake_trainer([], fail="octlm: error: boom; fix it"))
+    sweep.run()
+    assert sweep.failures == {"base-r0": "octlm: error: boom; fix it"}
+    assert sweep.summarise()[0]["failed"] == 1
+
+
+def test_a_bad_sweep_file_is_one_error(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.toml"
+    path.write_text('model = "tiny"\ncontext = 32\n[sweep]\ngrid = {lr = [1e-3]}\nrepeats = 2\n')
+    base, table = base_from(str(path), {"steps": 30, "lr": None})
+    assert (base.model, base.steps) == ("tiny", 30) and table["repeats"] == 2
+    for text, expected in [
+        ("model = \n", "is not valid TOML"),
+        ("bogus = 1\n", "unknown key(s) bogus"),
+        ("[sweep]\nrepeat = 2\n", "unknown [sweep] key(s)"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            base_from(str(path), {})
