@@ -92,56 +92,42 @@ def pyplot() -> Any:
     return plt
 
 
+def draw_run(axes: Any, s: RunSeries, color: str) -> None:
+    """One run's lines on the four panels (loss, learning rate, gradient norm, throughput)."""
+    ax_loss, ax_lr, ax_norm, ax_speed = axes.flat
+    losses = [_num(r["loss"]) for r in s.steps]
+    tokens = [r["tokens"] for r in s.steps]
+    ax_loss.plot(tokens, losses, color=color, lw=0.8, alpha=0.6, label=f"{s.name} train")
+    if s.vals:
+        val_tokens = [(v["step"] + 1) * s.tokens_per_step for v in s.vals]
+        val_losses = [_num(v["val_loss"]) for v in s.vals]
+        style = {"color": color, "marker": "o", "ms": 3, "lw": 1.5}
+        ax_loss.plot(val_tokens, val_losses, label=f"{s.name} val", **style)
+    step_ids = [r["step"] for r in s.steps]
+    ax_lr.plot(step_ids, [r["lr"] for r in s.steps], color=color, label=s.name)
+    norms = [_num(r["grad_norm"]) for r in s.steps]
+    ax_norm.plot(step_ids, norms, color=color, lw=0.8, label=s.name)
+    if s.grad_clip > 0:
+        clipped = clipped_points(s)
+        if clipped:
+            label = f"{s.name} clipped ({len(clipped)})"
+            ax_norm.scatter(*zip(*clipped, strict=True), color=color, marker="x", s=18, label=label)
+        ax_norm.axhline(s.grad_clip, color=color, ls=":", lw=1)
+    speeds = [r["tok_per_s"] for r in s.steps]
+    ax_speed.plot(step_ids, speeds, color=color, lw=0.8, label=s.name)
+
+
 def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> Path:
     plt = pyplot()
     series = [load_series(r) for r in runs]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     ax_loss, ax_lr, ax_norm, ax_speed = axes.flat
     for i, s in enumerate(series):
-        color = f"C{i % 10}"
-        tokens = [r["tokens"] for r in s.steps]
-        ax_loss.plot(
-            tokens,
-            [_num(r["loss"]) for r in s.steps],
-            color=color,
-            lw=0.8,
-            alpha=0.6,
-            label=f"{s.name} train",
-        )
-        if s.vals:
-            val_tokens = [(v["step"] + 1) * s.tokens_per_step for v in s.vals]
-            ax_loss.plot(
-                val_tokens,
-                [_num(v["val_loss"]) for v in s.vals],
-                color=color,
-                marker="o",
-                ms=3,
-                lw=1.5,
-                label=f"{s.name} val",
-            )
-        step_ids = [r["step"] for r in s.steps]
-        ax_lr.plot(step_ids, [r["lr"] for r in s.steps], color=color, label=s.name)
-        norms = [_num(r["grad_norm"]) for r in s.steps]
-        ax_norm.plot(step_ids, norms, color=color, lw=0.8, label=s.name)
-        if s.grad_clip > 0:
-            clipped = clipped_points(s)
-            if clipped:
-                ax_norm.scatter(
-                    *zip(*clipped, strict=True),
-                    color=color,
-                    marker="x",
-                    s=18,
-                    label=f"{s.name} clipped ({len(clipped)})",
-                )
-            ax_norm.axhline(s.grad_clip, color=color, ls=":", lw=1)
-        ax_speed.plot(
-            step_ids, [r["tok_per_s"] for r in s.steps], color=color, lw=0.8, label=s.name
-        )
+        draw_run(axes, s, color=f"C{i % 10}")
     baseline = unigram_baseline(series) if unigram else None
     if baseline is not None:
-        ax_loss.axhline(
-            baseline, color="gray", ls="--", lw=1, label=f"unigram entropy {baseline:.2f} nats"
-        )
+        label = f"unigram entropy {baseline:.2f} nats"
+        ax_loss.axhline(baseline, color="gray", ls="--", lw=1, label=label)
     ax_loss.set(xlabel="tokens", ylabel="loss (nats/token)", title="loss")
     ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
     ax_norm.set(

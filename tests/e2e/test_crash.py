@@ -92,7 +92,18 @@ def test_second_trainer_on_the_same_out_refuses(tiny_dataset, tmp_path) -> None:
 
 def test_nonfinite_stops_and_keeps_the_last_good_checkpoint(tiny_dataset, tmp_path) -> None:
     out = tmp_path / "nan"
-    flags = ("--lr", "1e6", "--warmup", "0", "--accum", "1", "--grad-clip", "0", "--ckpt-every", "2")
+    flags = (
+        "--lr",
+        "1e6",
+        "--warmup",
+        "0",
+        "--accum",
+        "1",
+        "--grad-clip",
+        "0",
+        "--ckpt-every",
+        "2",
+    )
     proc = octlm(*train_args(tiny_dataset, out, *flags), check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]

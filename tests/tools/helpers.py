@@ -1,0 +1,80 @@
+"""Run folders the tool tests share, made in-process: a log as the trainer writes one, the marks a
+kill or a bad disk leaves in it, and a tiny checkpoint. Test modules import from here, never
+from each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from octlm.runlog import LOG_NAME, RunLog
+from octlm.train.checkpoint import save_checkpoint
+
+TOKENS_PER_STEP = 64
+CUT_LINE = '{"type": "step", "step": 99, "loss": 4.'  # a line a kill cut short
+GARBAGE_LINE = "\x00\x00 not json \ufffd"
+
+
+def loss_at(step: int) -> float:
+    return 5.0 - step / 10
+
+
+def write_log(
+    folder: Path,
+    steps: int = 6,
+    *,
+    losses: dict[int, float] | None = None,
+    hashes: dict[int, str] | None = None,
+    end: bool = True,
+    first: int = 0,
+) -> Path:
+    """A log as a run writes it: a header, steps `first`..`steps - 1` with a validation and a
+    weights hash after every odd step, and (with `end`) the end record. `losses` and `hashes`
+    replace the values at those steps (the end record's hash is that of step `steps - 1`)."""
+    losses, hashes = losses or {}, hashes or {}
+    log = RunLog(folder)
+    log.open()
+    if first == 0:
+        config = {"steps": steps, "warmup": 2, "lr": 1e-3, "min_lr_ratio": 0.1, "grad_clip": 1.0}
+        log.write("header", config=config, tokens_per_step=TOKENS_PER_STEP, data_dir=None)
+    for s in range(first, steps):
+        log.write(
+            "step",
+            step=s,
+            loss=losses.get(s, loss_at(s)),
+            lr=1e-3,
+            grad_norm=0.5 + s / 4,
+            tokens=TOKENS_PER_STEP * (s + 1),
+            dt=0.1,
+            tok_per_s=640.0,
+            mfu=None,
+            elapsed=0.1 * (s + 1),
+        )
+        if s % 2 == 1:
+            log.write("val", step=s, val_loss=5.5 - s / 10, val_ppl=200.0, val_bpb=2.0)
+            log.write("hash", step=s, weights_sha256=hashes.get(s, f"{s:064x}"))
+    if end:
+        log.write("end", step=steps, weights_sha256=hashes.get(steps - 1, f"{steps - 1:064x}"))
+    log.close()
+    return folder
+
+
+def append_line(folder: Path, text: str, newline: bool = True) -> None:
+    with open(folder / LOG_NAME, "a", encoding="utf-8") as f:
+        f.write(text + ("\n" if newline else ""))
+
+
+def insert_line(folder: Path, index: int, text: str) -> None:
+    """Put `text` in the log as line `index` (0 = before the header)."""
+    path = folder / LOG_NAME
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines.insert(index, text + "\n")
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+def write_checkpoint(folder: Path, step: int, moment: float = 1.0) -> Path:
+    """A tiny checkpoint in `folder`: one weight and one AdamW moment (`moment` fills it)."""
+    tensors = {"model.w": torch.zeros(3), "optim.0.exp_avg": torch.full((3,), moment)}
+    return save_checkpoint(folder, step, {"train_state": {"step": step}}, tensors)

@@ -1,0 +1,90 @@
+"""`octlm diff`: the first step where two logs part (the step and the field), a divergence seen
+only in the weights hash, identical runs, runs with no common step, and logs a kill or a bad
+disk left damaged (read as far as they are readable, never a traceback)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from octlm.cli import main
+from octlm.runlog import read_log
+from octlm.tools.rundiff import diff_folders, diff_runs, format_diff
+from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
+
+
+def test_identical_runs_match_on_every_step(tmp_path: Path) -> None:
+    a, b = write_log(tmp_path / "a"), write_log(tmp_path / "b")
+    result = diff_runs(read_log(a), read_log(b))
+    assert result.first is None and result.details == [] and result.max_loss_diff == 0.0
+    assert (result.common_steps, result.steps_a, result.steps_b) == (6, 6, 6)
+    assert format_diff(result, "a", "b") == [
+        "match: 6 common steps identical (loss, grad_norm, hashes)"
+    ]
+
+
+def test_the_first_divergence_is_reported_at_its_step_and_field(tmp_path: Path) -> None:
+    a = write_log(tmp_path / "a")
+    b = write_log(tmp_path / "b", losses={3: 4.7 + 1e-7, 5: 9.0}, hashes={3: "f" * 64})
+    result = diff_runs(read_log(a), read_log(b))
+    assert (result.first.step, result.first.field) == (3, "loss")
+    assert (result.first.a, result.first.b) == (4.7, 4.7 + 1e-7)
+    assert [d.field for d in result.details] == ["loss", "weights_sha256"]  # all of step 3
+    assert result.max_loss_diff == abs(9.0 - 4.5)  # over every common step, not the first
+    lines = format_diff(result, "a", "b")
+    assert lines[0] == "the runs part at step 3:"
+    assert lines[1].split()[:4] == ["loss", "4.7", "vs", repr(4.7 + 1e-7)]
+
+
+def test_a_divergence_only_in_the_weights_hash_is_found(tmp_path: Path) -> None:
+    a = write_log(tmp_path / "a")
+    b = write_log(tmp_path / "b", hashes={1: "e" * 64})
+    result = diff_runs(read_log(a), read_log(b))
+    assert (result.first.step, result.first.field) == (1, "weights_sha256")
+    assert result.max_loss_diff == 0.0
+    # The end record's hash stands for the last step.
+    c = write_log(tmp_path / "c", hashes={5: "d" * 64})
+    result = diff_runs(read_log(a), read_log(c))
+    first = result.first
+    assert (first.step, first.field, first.b) == (5, "weights_sha256", "d" * 64)
+
+
+def test_runs_with_no_common_step_do_not_match(tmp_path: Path, capsys) -> None:
+    a = write_log(tmp_path / "a", steps=3)
+    b = write_log(tmp_path / "b", steps=6, first=3)
+    assert diff_runs(read_log(a), read_log(b)).common_steps == 0
+    lines, same = diff_folders(a, b)
+    assert lines == [f"{a} and {b} share no step"] and not same
+    assert main(["diff", str(a), str(b)]) == 1
+
+
+def test_a_shorter_run_matches_on_the_steps_both_logged(tmp_path: Path) -> None:
+    a, b = write_log(tmp_path / "a"), write_log(tmp_path / "b", steps=4, end=False)
+    lines, same = diff_folders(a, b)
+    assert same and lines == [
+        "match: 4 common steps identical (loss, grad_norm, hashes)",
+        f"note: {a} logged 6 steps, {b} 4",
+    ]
+
+
+def test_a_log_cut_by_a_kill_or_garbled_mid_file_is_compared_on_what_is_readable(
+    tmp_path: Path, capsys
+) -> None:
+    a, b = write_log(tmp_path / "a"), write_log(tmp_path / "b")
+    append_line(a, CUT_LINE, newline=False)  # killed mid-line
+    insert_line(b, 4, GARBAGE_LINE)
+    insert_line(b, 6, '{"type": "step", "loss": 1.0}')  # parses, but no step: not a step record
+    assert main(["diff", str(a), str(b)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.splitlines() == [
+        "match: 6 common steps identical (loss, grad_norm, hashes)",
+        f"note: {a} has 1 unreadable line(s), skipped",
+        f"note: {b} has 1 unreadable line(s), skipped",
+    ]
+
+
+def test_a_missing_log_is_one_error_line(tmp_path: Path, capsys) -> None:
+    a = write_log(tmp_path / "a")
+    assert main(["diff", str(a), str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"octlm: error: no run log at {tmp_path / 'nope'}")
