@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "octlm"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 # Known and measured, left for a follow-up (see the redesign's closing note): they may only
 # shrink. Anything else over a limit fails.
-KNOWN_LONG = {"octlm/tools/plot.py:plot_runs": 67}
+KNOWN_LONG: dict[str, int] = {}
 
 
 def sources() -> dict[str, str]:
