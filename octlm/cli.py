@@ -17,13 +17,12 @@ from typing import Any
 
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
+from octlm.cli_data import add_data_commands
 from octlm.config import DTYPES, TrainConfig, config_keys, field_docs, make_config
-from octlm.data.corpus import read_documents
-from octlm.data.prepare import DEFAULT_SHARD_TOKENS, PrepareConfig, prepare, summary_lines
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
-from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, check_vocab_size
+from octlm.tokenizer import Tokenizer
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import build_playground, build_report, write_page
@@ -32,40 +31,6 @@ from octlm.tools.subrun import torchrun
 from octlm.tools.sweep import base_from, run_sweep
 
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
-
-
-def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise OctlmError(f"{out} already exists", "choose another --out, or pass --force")
-    check_vocab_size(args.vocab_size)
-    docs = read_documents(args.inputs)
-    tokenizer = Tokenizer.train((d.text for d in docs), args.vocab_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(out)
-    print(f"trained on {len(docs):,} documents: vocabulary {tokenizer.vocab_size:,}")
-    print(f"wrote {out}  fingerprint {tokenizer.fingerprint}")
-    return 0
-
-
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    if args.tokenizer and args.vocab_size is not None:
-        raise OctlmError(
-            "--vocab-size has no effect with --tokenizer (its vocabulary is fixed)",
-            "drop one of the two",
-        )
-    cfg = PrepareConfig(
-        out=Path(args.out),
-        inputs=tuple(args.inputs),
-        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
-        vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
-        val_fraction=args.val_fraction,
-        context=args.context,
-        shard_tokens=args.shard_tokens,
-        force=args.force,
-    )
-    print("\n".join(summary_lines(prepare(cfg), cfg.out)))
-    return 0
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
@@ -222,33 +187,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"octlm: error: {message}; see `{self.prog} --help`\n")
 
 
-def _add_data_commands(sub: Any) -> None:
-    tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer")
-    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
-    tt = tok_sub.add_parser("train", help="train on text files, folders or JSONL")
-    tt.add_argument("inputs", nargs="*", help="inputs (default: the embedded corpus)")
-    tt.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
-    tt.add_argument("--out", required=True, help="tokenizer.json to write")
-    tt.add_argument("--force", action="store_true", help="overwrite an existing --out")
-    tt.set_defaults(handler=_cmd_tokenizer_train)
-
-    pr = sub.add_parser("prepare", help="tokenize a corpus into train/val token shards")
-    inputs = "text files, folders, JSONL (default: embedded corpus)"
-    pr.add_argument("inputs", nargs="*", help=inputs)
-    pr.add_argument("--out", required=True, help="dataset folder to create")
-    pr.add_argument("--tokenizer", help="use this tokenizer.json instead of training one")
-    vocab = f"vocabulary size of the tokenizer trained here (default: {DEFAULT_VOCAB_SIZE})"
-    pr.add_argument("--vocab-size", type=int, default=None, help=vocab)
-    held_out = "share of documents held out for validation"
-    pr.add_argument("--val-fraction", type=float, default=0.1, help=held_out)
-    context = "each split must hold at least one block of this many tokens + 1"
-    pr.add_argument("--context", type=int, default=1024, help=context)
-    shard = "maximum tokens per shard file"
-    pr.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help=shard)
-    pr.add_argument("--force", action="store_true", help="replace an existing dataset at --out")
-    pr.set_defaults(handler=_cmd_prepare)
-
-
 def _add_train_commands(sub: Any) -> None:
     tr = sub.add_parser("train", help="train a model (flags override --config)")
     _add_train_flags(tr)
@@ -366,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"octlm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_data_commands(sub)
+    add_data_commands(sub)
     _add_train_commands(sub)
     _add_log_commands(sub)
     _add_model_commands(sub)

@@ -1,44 +1,57 @@
-"""Documents -> token shards + manifest, built in a temporary folder and renamed into place.
+"""Corpus files -> token shards + manifest, streamed, built in a temporary folder and renamed
+into place.
 
-Each document is encoded as <|bos|> text <|eos|>, documents are concatenated per split and cut
-into shards of at most `shard_tokens`. The ids are `Tokenizer.encode_batch`'s: `fastbpe`
-computes them faster where that is exact, HF's encode_batch elsewhere (OCTLM_ENCODER=hf:
-everywhere). Nothing is visible at `out` until everything is written, so a failure (bad input,
-full disk, Ctrl-C) leaves no partial dataset and loses no old one.
+Three passes, each reading the corpus in input order: a scan of every document's id (the
+split needs the whole corpus), a tokenizer trained on a capped sample of the training documents
+(skipped with --tokenizer), and the encoding, spread over worker processes and written in input
+order (`writer.py`). Each document is `<|bos|> text <|eos|>`; each split is one stream cut into
+shards of at most `shard_tokens`. Memory holds per-document keys (24 bytes each) and a bounded
+number of chunks, never the corpus. Nothing is visible at `out` until everything is written, so a
+failure (bad input, full disk, Ctrl-C, a worker killed) leaves no partial dataset and loses no
+old one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sys
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from octlm.data.corpus import DEFAULT_VAL_FRACTION, Document, read_documents, split_documents
-from octlm.data.fastbpe import DocumentEncoder, use_fast_path
+from octlm.data.fastbpe import use_fast_path
+from octlm.data.scan import Scan, documents, find_ids, scan_corpus
 from octlm.data.shards import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     SPLITS,
     TOKENIZER_NAME,
+    ShardWriter,
     dataset_fingerprint,
     token_dtype,
-    write_shard,
 )
+from octlm.data.sources import ReadOptions, Source, find_sources
+from octlm.data.split import TRAIN, Plan, SplitRule, plan_split
+from octlm.data.workers import ChunkEncoder, check_workers, default_workers
+from octlm.data.writer import SPOOL_NAME, SplitOut, Spool, write_splits
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
-from octlm.hashing import sha256_json
 from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, check_vocab_size
 
 DEFAULT_SHARD_TOKENS = 100_000_000
-_CHUNK_CHARS = 1 << 20  # documents per encode_batch call: ~1 MB of text, so the bar moves
+DEFAULT_TOKENIZER_MAX_CHARS = 2_000_000_000
+"""The tokenizer's sample: enough for a 32k-65k vocabulary's merges to settle, and an HF
+training of minutes, not hours, however big the corpus."""
+DEFAULT_TOKENIZER_DOC_CAP = 1_000_000
+"""Characters taken from any one document: a whole book or a log dump cannot fill the sample,
+while every ordinary document (the embedded corpus' longest work is 180k) stays whole."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,59 +59,39 @@ class PrepareConfig:
     out: Path
     """Folder to create: shards, manifest.json and tokenizer.json."""
     inputs: tuple[str, ...] = ()
-    """Text files, folders, JSONL files; empty means the embedded corpus."""
+    """Files and folders (text, JSONL, Parquet, Arrow, compressed); empty: the embedded corpus."""
+    read: ReadOptions = field(default_factory=ReadOptions)
+    """How files become documents: --text-field, --split-on."""
+    split: SplitRule = field(default_factory=SplitRule)
+    """How many documents validation holds out (by document, deterministic)."""
     tokenizer: Path | None = None
     """Use this tokenizer.json instead of training one on the training documents."""
     vocab_size: int = DEFAULT_VOCAB_SIZE
     """Vocabulary size when training a tokenizer."""
-    val_fraction: float = DEFAULT_VAL_FRACTION
-    """Share of documents held out for validation (by document, deterministic)."""
+    tokenizer_max_chars: int = DEFAULT_TOKENIZER_MAX_CHARS
+    """Characters of training text the tokenizer trains on (the first ones, in input order)."""
+    tokenizer_doc_cap: int = DEFAULT_TOKENIZER_DOC_CAP
+    """Characters taken from any one document for the tokenizer's sample."""
     context: int = 1024
     """Block length the data must support: each split needs at least context + 1 tokens."""
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     """Maximum tokens per shard file."""
+    workers: int | None = None
+    """Encoding processes; None: one per core. The shards are the same bytes for any number."""
     force: bool = False
     """Replace an existing dataset at `out` (only once the new one is complete)."""
 
 
-class _ShardWriter:
-    def __init__(self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
-        self.folder, self.split, self.dtype, self.limit = folder, split, dtype, shard_tokens
-        self.buffer: list[np.ndarray] = []
-        self.buffered = 0
-        self.shards: list[dict[str, Any]] = []
+@dataclass
+class PrepareStats:
+    """What a prepare measured (not in the manifest: it changes from run to run)."""
 
-    def add(self, ids: Sequence[int] | np.ndarray) -> None:
-        self.buffer.append(np.asarray(ids, dtype=self.dtype))
-        self.buffered += len(ids)
-        while self.buffered >= self.limit:
-            self._flush(self.limit)
-
-    def close(self) -> list[dict[str, Any]]:
-        if self.buffered:
-            self._flush(self.buffered)
-        return self.shards
-
-    def _flush(self, count: int) -> None:
-        stream = np.concatenate(self.buffer)
-        name = f"{self.split}_{len(self.shards):06d}.bin"
-        digest = write_shard(self.folder / name, stream[:count])
-        self.shards.append({"file": name, "tokens": int(count), "sha256": digest})
-        rest = stream[count:]
-        self.buffer, self.buffered = ([rest] if len(rest) else []), len(rest)
-
-
-def _chunks(docs: Sequence[Document]) -> Iterator[list[Document]]:
-    chunk: list[Document] = []
-    size = 0
-    for doc in docs:
-        chunk.append(doc)
-        size += len(doc.text)
-        if size >= _CHUNK_CHARS:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+    workers: int = 1
+    input_bytes: int = 0
+    empty_documents: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss_mb: float = 0.0
+    peak_worker_rss_mb: float = 0.0
 
 
 def _check_out(cfg: PrepareConfig) -> None:
@@ -122,67 +115,188 @@ def _check_out(cfg: PrepareConfig) -> None:
 
 
 def prepare(cfg: PrepareConfig, progress: bool | None = None) -> dict[str, Any]:
-    """Build the dataset at `cfg.out` and return its manifest. `progress=None`: bar on a TTY."""
+    """Build the dataset at `cfg.out` and return its manifest. `progress=None`: bars on a TTY."""
+    return prepare_with_stats(cfg, progress)[0]
+
+
+def prepare_with_stats(
+    cfg: PrepareConfig, progress: bool | None = None
+) -> tuple[dict[str, Any], PrepareStats]:
     _check_out(cfg)
+    workers = default_workers() if cfg.workers is None else cfg.workers
+    check_workers(workers)
     fast = use_fast_path()
     if cfg.tokenizer is None:
         check_vocab_size(cfg.vocab_size)
-    docs = read_documents(cfg.inputs)
-    train_docs, val_docs = split_documents(docs, cfg.val_fraction)
+        _check_caps(cfg)
+    stats = PrepareStats(workers=workers)
+    sources = find_sources(cfg.inputs)
+    stats.input_bytes = sum(s.size for s in sources)
+    clock = time.perf_counter()
+    with _bar(stats.input_bytes, "scanning", progress) as bar:
+        scan = scan_corpus(sources, cfg.read, workers=workers, on_bytes=bar.update)
+    stats.empty_documents = scan.empty
+    plan = _plan(sources, cfg, scan)
+    stats.seconds["scan"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     if cfg.tokenizer is not None:
         tokenizer = Tokenizer.load(cfg.tokenizer)
     else:
-        tokenizer = Tokenizer.train((d.text for d in train_docs), cfg.vocab_size)
+        tokenizer = _train_tokenizer(cfg, sources, plan, scan, progress)
+    stats.seconds["tokenizer"] = time.perf_counter() - clock
 
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = cfg.out.parent / f".{cfg.out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    clock = time.perf_counter()
     try:
-        encoder = DocumentEncoder(tokenizer, fast=fast)
-        manifest = _write(cfg, encoder, {"train": train_docs, "val": val_docs}, tmp, progress)
+        encoder = ChunkEncoder(tokenizer, fast=fast, dtype=token_dtype(tokenizer.vocab_size))
+        summary = _encode(cfg, sources, plan, encoder, workers, tmp, progress)
+        manifest = _write_manifest(cfg, tokenizer, encoder, summary, tmp)
         _swap_into_place(tmp, cfg.out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return manifest
+    stats.seconds["encode"] = time.perf_counter() - clock
+    stats.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stats.peak_worker_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return manifest, stats
 
 
-def _write(
-    cfg: PrepareConfig,
-    encoder: DocumentEncoder,
-    splits: dict[str, list[Document]],
-    folder: Path,
-    progress: bool | None,
-) -> dict[str, Any]:
-    tokenizer = encoder.tokenizer
-    dtype = token_dtype(tokenizer.vocab_size)
-    total = sum(len(docs) for docs in splits.values())
-    bar = tqdm(
+def _check_caps(cfg: PrepareConfig) -> None:
+    for flag, value in (
+        ("--tokenizer-max-chars", cfg.tokenizer_max_chars),
+        ("--tokenizer-doc-cap", cfg.tokenizer_doc_cap),
+    ):
+        if value < 1:
+            raise DataError(f"{flag} {value} is not positive", f"pass {flag} 1 or more")
+
+
+def _bar(total: int, desc: str, progress: bool | None, unit: str = "B") -> tqdm:
+    return tqdm(
         total=total,
-        desc="tokenizing",
-        unit="doc",
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        unit_divisor=1000,
         disable=None if progress is None else not progress,
     )
-    with bar:
-        summary = {
-            split: _write_split(cfg, encoder, split, splits[split], folder, bar) for split in SPLITS
-        }
+
+
+def _plan(sources: Sequence[Source], cfg: PrepareConfig, scan: Scan) -> Plan:
+    keys = scan.keys
+    duplicate = keys.duplicate(keys.ranking())
+    if duplicate is not None:
+        ids = find_ids(sources, cfg.read, set(duplicate))
+        raise DataError(
+            f"two documents share the id {ids[duplicate[0]]!r}",
+            "give each JSONL line a unique id, and each input file a unique name",
+        )
+    return plan_split(keys, cfg.split)
+
+
+def _sample(cfg: PrepareConfig, sources: Sequence[Source], plan: Plan, bar: tqdm) -> Iterator[str]:
+    """The tokenizer's sample: training documents in input order, each cut to the document
+    cap, until the character budget is spent (the last one cut to fit)."""
+    left = cfg.tokenizer_max_chars
+    for index, doc in enumerate(documents(sources, cfg.read)):
+        if plan.labels[index] != TRAIN:
+            continue
+        text = doc.text[: min(cfg.tokenizer_doc_cap, left)]
+        left -= len(text)
+        bar.update(len(text))
+        yield text
+        if left <= 0:
+            return
+
+
+def _train_tokenizer(
+    cfg: PrepareConfig, sources: Sequence[Source], plan: Plan, scan: Scan, progress: bool | None
+) -> Tokenizer:
+    chars = scan.keys.chars
+    budget = sum(
+        min(int(chars[i]), cfg.tokenizer_doc_cap)
+        for i in range(len(chars))
+        if plan.labels[i] == TRAIN
+    )
+    total = min(budget, cfg.tokenizer_max_chars)
+    with _bar(total, "tokenizer sample", progress, unit="char") as bar:
+        return Tokenizer.train(_sample(cfg, sources, plan, bar), cfg.vocab_size)
+
+
+def _encode(
+    cfg: PrepareConfig,
+    sources: Sequence[Source],
+    plan: Plan,
+    encoder: ChunkEncoder,
+    workers: int,
+    folder: Path,
+    progress: bool | None,
+) -> dict[str, dict[str, Any]]:
+    dtype = encoder.dtype
+    outs = {
+        split: SplitOut(ShardWriter(folder, split, dtype, cfg.shard_tokens)) for split in SPLITS
+    }
+    spool = Spool(folder / SPOOL_NAME, dtype)
+    total = sum(s.size for s in sources)
+    try:
+        with _bar(total, f"encoding ({workers} workers)", progress) as bar:
+            write_splits(
+                documents(sources, cfg.read, bar.update),
+                plan,
+                val_tokens=cfg.split.val_tokens,
+                encoder=encoder,
+                workers=workers,
+                outs=outs,
+                spool=spool,
+            )
+    except BaseException:
+        for out in outs.values():
+            out.writer.discard()
+        raise
+    for split in SPLITS:
+        n_tokens = outs[split].writer.tokens
+        if n_tokens < cfg.context + 1:
+            raise DataError(
+                f"the {split} split has {n_tokens} tokens; one block of context {cfg.context} "
+                f"needs {cfg.context + 1}",
+                f"add text, {'raise' if split == 'val' else 'lower'} the validation share "
+                "(--val-fraction, --val-docs, --val-tokens), or lower --context",
+            )
+    return {split: outs[split].summary() for split in SPLITS}
+
+
+def _write_manifest(
+    cfg: PrepareConfig,
+    tokenizer: Tokenizer,
+    encoder: ChunkEncoder,
+    summary: dict[str, dict[str, Any]],
+    folder: Path,
+) -> dict[str, Any]:
     tokenizer.save(folder / TOKENIZER_NAME)
     manifest: dict[str, Any] = {
         "format": "octlm-dataset",
         "manifest_version": MANIFEST_VERSION,
         "source": list(cfg.inputs) or "embedded:shakespeare",
-        "val_fraction": cfg.val_fraction,
+        "val_fraction": cfg.split.val_fraction,
         "tokenizer": {
             "file": TOKENIZER_NAME,
             "fingerprint": tokenizer.fingerprint,
             "vocab_size": tokenizer.vocab_size,
         },
-        "dtype": dtype.name,
+        "dtype": token_dtype(tokenizer.vocab_size).name,
         "splits": summary,
         "encoder": encoder.note(),  # a note, like `source`: the fingerprint does not cover it
+        # Notes too: how the documents were read and split (the shards' hashes say the rest).
+        "read": {"text_field": cfg.read.text_field, "split_on": cfg.read.split_on},
+        "split_rule": cfg.split.to_dict(),
     }
+    if cfg.tokenizer is None:
+        manifest["tokenizer_sample"] = {
+            "max_chars": cfg.tokenizer_max_chars,
+            "doc_cap": cfg.tokenizer_doc_cap,
+        }
     manifest["fingerprint"] = dataset_fingerprint(manifest)
     path = folder / MANIFEST_NAME
     with open(path, "w", encoding="utf-8") as f:
@@ -191,41 +305,6 @@ def _write(
         f.flush()
         os.fsync(f.fileno())
     return manifest
-
-
-def _write_split(
-    cfg: PrepareConfig,
-    encoder: DocumentEncoder,
-    split: str,
-    docs: list[Document],
-    folder: Path,
-    bar: tqdm,
-) -> dict[str, Any]:
-    """Encode one split's documents in order into its shards; the split's manifest entry."""
-    writer = _ShardWriter(
-        folder, split, token_dtype(encoder.tokenizer.vocab_size), cfg.shard_tokens
-    )
-    n_tokens = n_bytes = 0
-    for chunk in _chunks(docs):
-        for ids in encoder.encode_batch([d.text for d in chunk]):
-            writer.add(ids)
-            n_tokens += len(ids)
-        n_bytes += sum(len(d.text.encode("utf-8")) for d in chunk)
-        bar.update(len(chunk))
-    if n_tokens < cfg.context + 1:
-        raise DataError(
-            f"the {split} split has {n_tokens} tokens; one block of context {cfg.context} "
-            f"needs {cfg.context + 1}",
-            f"add text, {'raise' if split == 'val' else 'lower'} --val-fraction, "
-            "or lower --context",
-        )
-    return {
-        "documents": len(docs),
-        "tokens": n_tokens,
-        "text_bytes": n_bytes,
-        "document_ids_sha256": sha256_json([d.id for d in docs]),
-        "shards": writer.close(),
-    }
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -245,7 +324,9 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
+def summary_lines(
+    manifest: dict[str, Any], out: Path, stats: PrepareStats | None = None
+) -> list[str]:
     """The human summary `octlm prepare` prints."""
     tok = manifest["tokenizer"]
     lines = [f"dataset {out}  (source: {manifest['source']})"]
@@ -257,8 +338,10 @@ def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
             f"  {split:5s} {s['documents']:>7,} documents {s['tokens']:>13,} tokens "
             f"{s['text_bytes']:>13,} bytes  {bpt:.3f} bytes/token"
         )
-        for shard in s["shards"]:
+        for shard in s["shards"][:3]:
             lines.append(f"        {out / shard['file']}  sha256 {shard['sha256'][:16]}")
+        if len(s["shards"]) > 3:
+            lines.append(f"        ... {len(s['shards'])} shards in all")
     lines.append(f"  vocabulary {tok['vocab_size']:,} ({manifest['dtype']} shards)")
     if "encoder" in manifest:
         enc = manifest["encoder"]
@@ -269,7 +352,21 @@ def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
         )
     lines.append(f"  tokenizer  {out / tok['file']}  fingerprint {tok['fingerprint']}")
     lines.append(f"  dataset fingerprint {manifest['fingerprint']}")
+    if stats is not None:
+        lines += _stats_lines(stats)
     return lines
+
+
+def _stats_lines(stats: PrepareStats) -> list[str]:
+    seconds = sum(stats.seconds.values())
+    rate = stats.input_bytes / 1e6 / max(seconds, 1e-9)
+    parts = ", ".join(f"{name} {t:.1f} s" for name, t in stats.seconds.items())
+    return [
+        f"  read       {stats.input_bytes / 1e6:,.1f} MB in {seconds:.1f} s ({rate:,.1f} MB/s; "
+        f"{parts}); {stats.empty_documents:,} blank documents skipped",
+        f"  workers    {stats.workers}; peak RSS {stats.peak_rss_mb:,.0f} MB (main), "
+        f"{stats.peak_worker_rss_mb:,.0f} MB (largest worker)",
+    ]
 
 
 def embedded_dataset(vocab_size: int) -> Path:

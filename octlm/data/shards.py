@@ -7,6 +7,7 @@ request) every shard's sha256. The dataset fingerprint is derived from the manif
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -36,13 +37,80 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def write_shard(path: Path, tokens: np.ndarray) -> str:
     """Write one shard (fsynced) and return its sha256."""
-    header = _HEADER.pack(MAGIC, SHARD_VERSION, tokens.dtype.itemsize, len(tokens))
     with open(path, "wb") as f:
-        f.write(header.ljust(HEADER_BYTES, b"\0"))
+        f.write(_header(tokens.dtype.itemsize, len(tokens)))
         f.write(np.ascontiguousarray(tokens).tobytes())
         f.flush()
         os.fsync(f.fileno())
     return file_sha256(path)
+
+
+class ShardWriter:
+    """One split's token stream cut into shards of at most `limit` tokens, written as the tokens
+    arrive: memory holds no more than the array handed to `add`.
+
+    A shard is opened with a header that promises `limit` tokens and hashed as it is written;
+    only a split's last, shorter shard has its header rewritten and is hashed again on close.
+    """
+
+    def __init__(self, folder: Path, split: str, dtype: np.dtype, limit: int) -> None:
+        self.folder, self.split, self.dtype, self.limit = folder, split, dtype, limit
+        self.shards: list[dict[str, Any]] = []
+        self.tokens = 0
+        self._file: Any = None
+        self._count = 0
+        self._hash: Any = None
+
+    def add(self, tokens: np.ndarray) -> None:
+        tokens = np.ascontiguousarray(tokens, dtype=self.dtype)
+        self.tokens += len(tokens)
+        while len(tokens):
+            if self._file is None:
+                self.start_shard()
+            take = min(self.limit - self._count, len(tokens))
+            data = tokens[:take].tobytes()
+            self._file.write(data)
+            self._hash.update(data)
+            self._count += take
+            tokens = tokens[take:]
+            if self._count == self.limit:
+                self.finish_shard()
+
+    def close(self) -> list[dict[str, Any]]:
+        """Finish the last shard; the split's manifest entries."""
+        if self._file is not None:
+            self.finish_shard()
+        return self.shards
+
+    def discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def start_shard(self) -> None:
+        path = self.folder / f"{self.split}_{len(self.shards):06d}.bin"
+        self._file = open(path, "wb")  # noqa: SIM115 (closed by finish_shard or discard)
+        header = _header(self.dtype.itemsize, self.limit)
+        self._file.write(header)
+        self._hash = hashlib.sha256(header)
+        self._count = 0
+
+    def finish_shard(self) -> None:
+        f, count = self._file, self._count
+        if count != self.limit:  # the last shard: its header promised too much
+            f.seek(0)
+            f.write(_header(self.dtype.itemsize, count))
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        self._file = None
+        path = Path(f.name)
+        digest = self._hash.hexdigest() if count == self.limit else file_sha256(path)
+        self.shards.append({"file": path.name, "tokens": int(count), "sha256": digest})
+
+
+def _header(itemsize: int, count: int) -> bytes:
+    return _HEADER.pack(MAGIC, SHARD_VERSION, itemsize, count).ljust(HEADER_BYTES, b"\0")
 
 
 def read_shard(path: Path) -> np.ndarray:

@@ -140,7 +140,7 @@ def test_prepare_writes_hf_ids_with_the_crafted_vocabulary(tmp_path, crafted):
     assert manifest["encoder"] == {"piecewise": len(CRAFTED_TEXTS), "hf": 0}
     dataset = ShardDataset.open(cfg.out, verify_checksums=True)
     tokenizer = Tokenizer.load(crafted)
-    train, val = split_documents(read_documents([source]), cfg.val_fraction)
+    train, val = split_documents(read_documents([source]), cfg.split.val_fraction)
     for docs, got in ((train, dataset.train), (val, dataset.val)):
         assert got.window(0, len(got)).tolist() == stream(tokenizer, [d.text for d in docs])
 

@@ -12,13 +12,15 @@ import pytest
 
 import octlm.data.prepare as prepare_module
 from octlm.data.prepare import PrepareConfig, prepare, summary_lines
-from octlm.data.shards import MANIFEST_NAME, ShardDataset
+from octlm.data.shards import MANIFEST_NAME, ShardDataset, ShardWriter
+from octlm.data.split import SplitRule
 from octlm.errors import DataError, TokenizerError
 from octlm.hashing import file_sha256
 
 VOCAB = 300
 CONTEXT = 16
 DOC_CHARS = 3000
+HALF = SplitRule(val_fraction=0.5, val_tokens=None)
 
 
 def write_jsonl(path: Path, docs: list[tuple[str, str]]) -> Path:
@@ -117,8 +119,10 @@ def test_summary_names_counts_shards_and_fingerprints(tmp_path, corpus):
     assert manifest["tokenizer"]["fingerprint"] in text
     assert manifest["fingerprint"] in text
     for split in ("train", "val"):
-        for shard in manifest["splits"][split]["shards"]:
+        shards = manifest["splits"][split]["shards"]
+        for shard in shards[:3]:  # the first three by name, then a count
             assert f"{out / shard['file']}  sha256 {shard['sha256'][:16]}" in text
+        assert len(shards) <= 3 or f"... {len(shards)} shards in all" in text
 
 
 # -- --tokenizer ----------------------------------------------------------------------------------
@@ -187,13 +191,13 @@ def test_prepare_train_split_too_small_advises_lowering_val_fraction(tmp_path):
     docs = [(f"d{i}", f"Document number {i}. " * 5) for i in range(4)]
     out = tmp_path / "data"
     with pytest.raises(DataError, match="the train split has") as info:
-        run(config(out, write_jsonl(tmp_path / "c.jsonl", docs), context=500, val_fraction=0.5))
-    assert "lower --val-fraction" in str(info.value)
+        run(config(out, write_jsonl(tmp_path / "c.jsonl", docs), context=500, split=HALF))
+    assert "lower the validation share (--val-fraction" in str(info.value)
     assert not out.exists() and leftovers(tmp_path) == []
 
 
 def test_prepare_val_split_too_small_advises_raising_val_fraction(tmp_path, corpus):
-    with pytest.raises(DataError, match="raise --val-fraction"):
+    with pytest.raises(DataError, match="raise the validation share"):
         run(config(tmp_path / "data", corpus, context=5000))
 
 
@@ -271,16 +275,16 @@ def test_force_does_not_replace_a_folder_that_is_not_a_dataset(tmp_path, corpus)
 )
 def test_fault_while_writing_shards_keeps_the_old_dataset(existing, corpus, monkeypatch, fault):
     out, before = existing
-    real_write_shard = prepare_module.write_shard
+    real_start = ShardWriter.start_shard
     calls = []
 
-    def failing_write_shard(path, tokens):
-        calls.append(path)
+    def failing_start(writer):
+        calls.append(writer.split)
         if len(calls) == 2:  # the second shard hits the fault
             raise fault
-        return real_write_shard(path, tokens)
+        return real_start(writer)
 
-    monkeypatch.setattr(prepare_module, "write_shard", failing_write_shard)
+    monkeypatch.setattr(ShardWriter, "start_shard", failing_start)
     with pytest.raises(type(fault)):
         run(config(out, corpus, vocab_size=VOCAB + 10, force=True))
     assert len(calls) == 2

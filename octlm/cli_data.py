@@ -1,0 +1,166 @@
+"""`octlm tokenizer train` and `octlm prepare`: the data commands of the CLI (`cli.py` adds them
+and catches their errors)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from octlm.data.prepare import (
+    DEFAULT_SHARD_TOKENS,
+    DEFAULT_TOKENIZER_DOC_CAP,
+    DEFAULT_TOKENIZER_MAX_CHARS,
+    PrepareConfig,
+    prepare_with_stats,
+    summary_lines,
+)
+from octlm.data.scan import documents
+from octlm.data.sources import ReadOptions, find_sources
+from octlm.data.split import DEFAULT_VAL_FRACTION, DEFAULT_VAL_TOKENS, SplitRule
+from octlm.errors import OctlmError
+from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, check_vocab_size
+
+_MAX_CHARS = f"{DEFAULT_TOKENIZER_MAX_CHARS:.0e}".replace("e+0", "e")
+
+
+def count(text: str) -> int:
+    """An argparse type for counts that also takes 2e9 or 10_000_000."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def _read_options(args: argparse.Namespace) -> ReadOptions:
+    return ReadOptions(text_field=args.text_field, split_on=args.split_on)
+
+
+def _capped(args: argparse.Namespace, counts: dict[str, int]) -> Any:
+    """Texts of every document, each cut to --doc-cap, until --max-chars."""
+    left = args.max_chars
+    for doc in documents(find_sources(args.inputs), _read_options(args)):
+        text = doc.text[: min(args.doc_cap, left)]
+        left -= len(text)
+        counts["documents"] += 1
+        counts["chars"] += len(text)
+        yield text
+        if left <= 0:
+            return
+
+
+def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise OctlmError(f"{out} already exists", "choose another --out, or pass --force")
+    check_vocab_size(args.vocab_size)
+    for flag, value in (("--max-chars", args.max_chars), ("--doc-cap", args.doc_cap)):
+        if value < 1:
+            raise OctlmError(f"{flag} {value} is not positive", f"pass {flag} 1 or more")
+    counts = {"documents": 0, "chars": 0}
+    tokenizer = Tokenizer.train(_capped(args, counts), args.vocab_size)
+    if not counts["documents"]:
+        raise OctlmError("the corpus is empty: no document holds any text", "add text")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(out)
+    print(
+        f"trained on {counts['documents']:,} documents ({counts['chars']:,} characters): "
+        f"vocabulary {tokenizer.vocab_size:,}"
+    )
+    print(f"wrote {out}  fingerprint {tokenizer.fingerprint}")
+    return 0
+
+
+def _split_rule(args: argparse.Namespace) -> SplitRule:
+    given = (args.val_fraction, args.val_docs, args.val_tokens)
+    if all(v is None for v in given):
+        return SplitRule()  # the default: 10% of the documents, at most ~10M tokens
+    return SplitRule(val_fraction=given[0], val_docs=given[1], val_tokens=given[2])
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    if args.tokenizer and args.vocab_size is not None:
+        raise OctlmError(
+            "--vocab-size has no effect with --tokenizer (its vocabulary is fixed)",
+            "drop one of the two",
+        )
+    cfg = PrepareConfig(
+        out=Path(args.out),
+        inputs=tuple(args.inputs),
+        read=_read_options(args),
+        split=_split_rule(args),
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
+        tokenizer_max_chars=args.tokenizer_max_chars,
+        tokenizer_doc_cap=args.tokenizer_doc_cap,
+        context=args.context,
+        shard_tokens=args.shard_tokens,
+        workers=args.workers,
+        force=args.force,
+    )
+    manifest, stats = prepare_with_stats(cfg)
+    print("\n".join(summary_lines(manifest, cfg.out, stats)))
+    return 0
+
+
+def _add_read_flags(parser: argparse.ArgumentParser) -> None:
+    field = "JSONL field / Parquet or Arrow column holding the text (default: text)"
+    parser.add_argument("--text-field", default="text", help=field)
+    split_on = "cut text files into documents at this separator, e.g. '<|endoftext|>'"
+    parser.add_argument("--split-on", default=None, metavar="SEP", help=split_on)
+
+
+def add_data_commands(sub: Any) -> None:
+    inputs = "files or folders: .txt, .jsonl/.json, .parquet, .arrow, also .gz/.xz/.bz2/.zst"
+    tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer")
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
+    tt = tok_sub.add_parser("train", help="train on a sample of text files, folders or JSONL")
+    tt.add_argument("inputs", nargs="*", help=f"{inputs} (default: the embedded corpus)")
+    tt.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    tt.add_argument("--out", required=True, help="tokenizer.json to write")
+    tt.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    _add_read_flags(tt)
+    cap = f"characters to train on, the first in input order (default: {_MAX_CHARS})"
+    tt.add_argument("--max-chars", type=count, default=DEFAULT_TOKENIZER_MAX_CHARS, help=cap)
+    doc_cap = f"characters taken from one document (default: {DEFAULT_TOKENIZER_DOC_CAP:,})"
+    tt.add_argument("--doc-cap", type=count, default=DEFAULT_TOKENIZER_DOC_CAP, help=doc_cap)
+    tt.set_defaults(handler=_cmd_tokenizer_train)
+
+    pr = sub.add_parser("prepare", help="tokenize a corpus into train/val token shards")
+    pr.add_argument("inputs", nargs="*", help=f"{inputs} (default: the embedded corpus)")
+    pr.add_argument("--out", required=True, help="dataset folder to create")
+    _add_read_flags(pr)
+    pr.add_argument("--tokenizer", help="use this tokenizer.json instead of training one")
+    vocab = f"vocabulary size of the tokenizer trained here (default: {DEFAULT_VOCAB_SIZE})"
+    pr.add_argument("--vocab-size", type=count, default=None, help=vocab)
+    cap = f"characters of training text the tokenizer trains on (default: {_MAX_CHARS})"
+    pr.add_argument(
+        "--tokenizer-max-chars", type=count, default=DEFAULT_TOKENIZER_MAX_CHARS, help=cap
+    )
+    doc_cap = (
+        f"characters the tokenizer takes from one document (default: {DEFAULT_TOKENIZER_DOC_CAP:,})"
+    )
+    pr.add_argument(
+        "--tokenizer-doc-cap", type=count, default=DEFAULT_TOKENIZER_DOC_CAP, help=doc_cap
+    )
+    held_out = (
+        f"validation limits (default: {DEFAULT_VAL_FRACTION:.0%} of the documents, at most "
+        f"{DEFAULT_VAL_TOKENS:,} tokens); any one given replaces the default"
+    )
+    group = pr.add_argument_group("validation split", held_out)
+    group.add_argument("--val-fraction", type=float, default=None, help="share of documents")
+    group.add_argument("--val-docs", type=count, default=None, help="number of documents")
+    group.add_argument(
+        "--val-tokens", type=count, default=None, help="tokens (the documents' whole)"
+    )
+    context = "each split must hold at least one block of this many tokens + 1"
+    pr.add_argument("--context", type=int, default=1024, help=context)
+    shard = "maximum tokens per shard file"
+    pr.add_argument("--shard-tokens", type=count, default=DEFAULT_SHARD_TOKENS, help=shard)
+    workers = "encoding processes (default: one per core); the shards are the same for any"
+    pr.add_argument("--workers", type=int, default=None, help=workers)
+    pr.add_argument("--force", action="store_true", help="replace an existing dataset at --out")
+    pr.set_defaults(handler=_cmd_prepare)

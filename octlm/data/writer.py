@@ -1,0 +1,159 @@
+"""The second pass of `prepare`: documents encoded (in worker processes) and written to their
+split's shards, in input order.
+
+Documents go to the workers in chunks of about 1 MB of text and come back in the order they
+were sent, so each split's stream is the same bytes for any number of workers. A split under a
+token limit cannot be settled before its candidates are encoded: they wait in a spool file (on
+disk, not in memory) until the end, then validation takes its share of them in rank order and
+the rest go to training, each in input order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from octlm.data.shards import ShardWriter
+from octlm.data.sources import Document
+from octlm.data.split import CANDIDATE, VAL, Plan, take_tokens
+from octlm.data.workers import ChunkEncoder, encode_in_worker, init_worker, ordered_map
+
+CHUNK_CHARS = 1 << 20
+"""Text per task sent to a worker: big enough to amortise the hand-over, small enough to keep
+memory flat and the progress bar moving."""
+SPOOL_NAME = ".candidates.tmp"
+
+
+class IdsDigest:
+    """sha256 of the canonical JSON of a list of ids (`hashing.sha256_json(ids)`), fed one id
+    at a time so the list is never held."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256(b"[")
+        self._first = True
+
+    def add(self, doc_id: str) -> None:
+        self._hash.update((("" if self._first else ",") + json.dumps(doc_id)).encode("ascii"))
+        self._first = False
+
+    def hexdigest(self) -> str:
+        final = self._hash.copy()
+        final.update(b"]")
+        return final.hexdigest()
+
+
+@dataclass
+class SplitOut:
+    writer: ShardWriter
+    ids: IdsDigest = field(default_factory=IdsDigest)
+    documents: int = 0
+    text_bytes: int = 0
+
+    def add(self, doc_id: str, text_bytes: int, tokens: np.ndarray) -> None:
+        self.writer.add(tokens)
+        self.ids.add(doc_id)
+        self.documents += 1
+        self.text_bytes += text_bytes
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "documents": self.documents,
+            "tokens": self.writer.tokens,
+            "text_bytes": self.text_bytes,
+            "document_ids_sha256": self.ids.hexdigest(),
+            "shards": self.writer.close(),
+        }
+
+
+class Spool:
+    """Candidates' tokens in a file, with what is needed to place them later."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path, self.dtype = path, dtype
+        self.entries: list[tuple[str, int, int, int]] = []  # id, text bytes, offset, length
+        self.ranks: list[int] = []
+        self._file: Any = None
+        self._offset = 0
+
+    def add(self, rank: int, doc_id: str, text_bytes: int, tokens: np.ndarray) -> None:
+        if self._file is None:
+            self._file = open(self.path, "wb")  # noqa: SIM115 (closed in read_back)
+        self._file.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        self.entries.append((doc_id, text_bytes, self._offset, len(tokens)))
+        self.ranks.append(rank)
+        self._offset += len(tokens)
+
+    def read_back(self) -> Iterator[tuple[int, str, int, np.ndarray]]:
+        """(position, id, text bytes, tokens) of each candidate, in input order."""
+        if self._file is None:
+            return
+        self._file.close()
+        tokens = np.memmap(self.path, dtype=self.dtype, mode="r") if self._offset else None
+        for position, (doc_id, text_bytes, offset, length) in enumerate(self.entries):
+            yield position, doc_id, text_bytes, np.asarray(tokens[offset : offset + length])
+        del tokens
+        self.path.unlink()
+
+
+def write_splits(
+    docs: Iterable[Document],
+    plan: Plan,
+    *,
+    val_tokens: int | None,
+    encoder: ChunkEncoder,
+    workers: int,
+    outs: dict[str, SplitOut],
+    spool: Spool,
+) -> None:
+    """Encode `docs` (the corpus in input order, as scanned) into `outs`; candidates of a token
+    limit go through `spool` and are placed at the end."""
+    results = ordered_map(
+        encode_in_worker,
+        _chunks(docs, plan),
+        workers=workers,
+        initializer=init_worker,
+        initargs=encoder.initargs(),
+        local=encoder.encode_here,
+    )
+    for meta, (flat, lengths, counts) in results:
+        encoder.add_counts(counts)
+        ends = np.cumsum(lengths)
+        for (label, rank, doc_id, text_bytes), end, n in zip(meta, ends, lengths, strict=True):
+            tokens = flat[end - n : end]
+            if label == CANDIDATE:
+                spool.add(rank, doc_id, text_bytes, tokens)
+            else:
+                outs["val" if label == VAL else "train"].add(doc_id, text_bytes, tokens)
+    if not spool.entries:
+        return
+    lengths_of = [length for _, _, _, length in spool.entries]
+    chosen = take_tokens(spool.ranks, lengths_of, val_tokens or 0)
+    for position, doc_id, text_bytes, tokens in spool.read_back():
+        # A candidate validation does not take goes after the rest of training (input order).
+        outs["val" if position in chosen else "train"].add(doc_id, text_bytes, tokens)
+
+
+def _chunks(
+    docs: Iterable[Document], plan: Plan
+) -> Iterator[tuple[list[tuple[int, int, str, int]], list[str]]]:
+    """(meta, texts) of about CHUNK_CHARS characters each: meta is (label, rank, id, bytes)."""
+    meta: list[tuple[int, int, str, int]] = []
+    texts: list[str] = []
+    size = 0
+    for index, doc in enumerate(docs):
+        label = int(plan.labels[index])
+        rank = plan.ranks.get(index, -1) if label == CANDIDATE else -1
+        meta.append((label, rank, doc.id, len(doc.text.encode("utf-8"))))
+        texts.append(doc.text)
+        size += len(doc.text)
+        if size >= CHUNK_CHARS:
+            yield meta, texts
+            meta, texts, size = [], [], 0
+    if texts:
+        yield meta, texts
