@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from octlm.config import TrainConfig, changed_keys
-from octlm.data.blocks import TokenBlocks, make_blocks
-from octlm.data.corpus import read_documents
-from octlm.data.order import Sampler, validation_starts
+from octlm.data.order import Sampler
 from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
 from octlm.device import build_info
@@ -42,6 +39,7 @@ from octlm.train.distributed import (
     sync_context,
     wrap_model,
 )
+from octlm.train.inputs import build_sampler, train_blocks, validation_set
 from octlm.train.optim import build_optimizer, param_names
 from octlm.train.saver import BackgroundSaver
 from octlm.train.state import (
@@ -270,7 +268,7 @@ def build_run(cfg: TrainConfig) -> Run:
         world=dist.world,
         reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
     )
-    blocks = _blocks(cfg, tokenizer)
+    blocks = train_blocks(cfg, tokenizer)
     data_fingerprint = (
         dataset.fingerprint if blocks is None else blocks.fingerprint(tokenizer.fingerprint)
     )
@@ -286,8 +284,8 @@ def build_run(cfg: TrainConfig) -> Run:
         wrapped=wrapped,
         optimizer=optimizer,
         scaler=scaler,
-        sampler=_sampler(cfg, dataset, blocks, dist),
-        val=_validation_set(cfg, dataset, blocks, tokenizer),
+        sampler=build_sampler(cfg, dataset, blocks, dist),
+        val=validation_set(cfg, dataset, blocks, tokenizer),
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),
@@ -309,50 +307,6 @@ def _open_data(cfg: TrainConfig) -> tuple[Path, ShardDataset, Tokenizer]:
             "re-run `octlm prepare`",
         )
     return data_dir, dataset, tokenizer
-
-
-def _blocks(cfg: TrainConfig, tokenizer: Tokenizer) -> TokenBlocks | None:
-    """The first seed's in-memory path (--blocks): PAD-masked blocks of one text, or None."""
-    if not cfg.blocks:
-        return None
-    blocks = make_blocks([d.text for d in read_documents([cfg.blocks])], tokenizer, cfg.context)
-    return blocks.first(cfg.overfit_blocks) if cfg.overfit_blocks else blocks
-
-
-def _sampler(
-    cfg: TrainConfig, dataset: ShardDataset, blocks: TokenBlocks | None, dist: DistInfo
-) -> Sampler:
-    try:
-        return Sampler(
-            blocks if blocks is not None else dataset.train,
-            seed=cfg.seed,
-            context=cfg.context,
-            micro_batch=cfg.micro_batch,
-            accum=cfg.accum,
-            overfit_blocks=cfg.overfit_blocks,
-            rank=dist.rank,
-            world=dist.world,
-        )
-    except ValueError as exc:
-        raise OctlmError(str(exc), "use more data or a shorter --context") from None
-
-
-def _validation_set(
-    cfg: TrainConfig, dataset: ShardDataset, blocks: TokenBlocks | None, tokenizer: Tokenizer
-) -> ValidationSet:
-    common = {
-        "context": cfg.context,
-        "micro_batch": cfg.micro_batch,
-        "token_bytes": tokenizer.token_bytes_table,
-    }
-    if blocks is not None:  # the blocks are their own validation set
-        return ValidationSet(**common, blocks=blocks)
-    if cfg.overfit_blocks:  # validate on the memorised blocks themselves
-        starts = np.arange(cfg.overfit_blocks, dtype=np.int64) * (cfg.context + 1)
-        return ValidationSet(**common, stream=dataset.train, starts=starts)
-    n = cfg.val_batches * cfg.micro_batch
-    starts = validation_starts(len(dataset.val), cfg.context, n)
-    return ValidationSet(**common, stream=dataset.val, starts=starts)
 
 
 def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
