@@ -18,6 +18,7 @@ from octlm.errors import OctlmError
 from octlm.hashing import sha256_json
 
 DTYPES = ("fp32", "bf16", "fp16")
+ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
 
 
 class ConfigError(OctlmError):
@@ -27,6 +28,12 @@ class ConfigError(OctlmError):
 def _trajectory(default: Any) -> Any:
     """A setting that decides the numbers a run computes: part of the resume fingerprint."""
     return field(default=default, metadata={"trajectory": True})
+
+
+def _new_trajectory(default: Any) -> Any:
+    """A trajectory setting added after runs existed: `trajectory()` leaves it out while it has
+    its default, so the fingerprint of every run folder written before it stays the same."""
+    return field(default=default, metadata={"trajectory": True, "omit_default": True})
 
 
 def _setting(default: Any) -> Any:
@@ -70,6 +77,9 @@ class TrainConfig:
     """Model dropout (attention and residual)."""
     seed: int = _trajectory(1337)
     """Seeds the model init and the data order."""
+    order: str = _new_trajectory("random")
+    """Training data order: random (windows at any offset, drawn afresh each step) or epoch
+    (every aligned block of context + 1 tokens once per epoch, shuffled per epoch)."""
     blocks: str | None = _setting(None)  # its blocks' content is part of the data fingerprint
     """Train and validate on in-memory blocks made from this text/JSONL file (the first seed's
     path: a short stream is padded and PAD targets are masked); the tokenizer comes from data."""
@@ -151,6 +161,7 @@ class TrainConfig:
             "use ddp or fsdp",
         )
         _check(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
+        _check(self.order in ORDERS, f"order {self.order!r} is unknown", f"use one of {ORDERS}")
         preset_context = PRESETS[self.model].context
         _check(
             self.context <= preset_context,
@@ -177,6 +188,9 @@ class TrainConfig:
         d = self.to_dict()
         for key in NON_TRAJECTORY_KEYS:
             d.pop(key)
+        for key, default in OMITTED_AT_DEFAULT.items():
+            if d[key] == default:  # absent, as in every run written before the key existed
+                d.pop(key)
         d["accum"] = self.accum * world
         return d
 
@@ -194,6 +208,9 @@ class TrainConfig:
 
 # Derived from the fields' own marks: a new field must say whether it is part of the run.
 NON_TRAJECTORY_KEYS = tuple(f.name for f in fields(TrainConfig) if not f.metadata["trajectory"])
+OMITTED_AT_DEFAULT = {
+    f.name: f.default for f in fields(TrainConfig) if f.metadata.get("omit_default")
+}
 
 
 def _is_int(value: Any) -> bool:
@@ -272,6 +289,11 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Keys whose values differ, as `key: old -> new`."""
     keys = sorted(set(old) | set(new))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def trajectory_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`changed_keys` of two trajectories, the keys left out at their default filled in."""
+    return changed_keys({**OMITTED_AT_DEFAULT, **old}, {**OMITTED_AT_DEFAULT, **new})
 
 
 def field_docs() -> dict[str, str]:

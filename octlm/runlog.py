@@ -30,6 +30,7 @@ class StepNumbers(Protocol):
     grad_norm: float
     dt: float
     skipped: bool
+    epoch: int | None
 
 
 class Counters(Protocol):
@@ -89,6 +90,8 @@ class RunLog:
         tok_per_s = meter.tokens_per_second(numbers.dt)
         mfu = meter.mfu(tok_per_s)
         skipped = {"skipped": True, "skipped_steps": state.skipped_steps}
+        # Only --order epoch has epochs: a random-order record keeps the fields it always had.
+        epoch = {} if numbers.epoch is None else {"epoch": numbers.epoch}
         self.write(
             "step",
             step=step,
@@ -96,6 +99,7 @@ class RunLog:
             lr=numbers.lr,
             grad_norm=numbers.grad_norm,
             tokens=state.tokens,
+            **epoch,
             dt=round(numbers.dt, 6),
             tok_per_s=round(tok_per_s, 1),
             mfu=round(mfu, 5) if mfu is not None else None,

@@ -8,6 +8,7 @@ import pytest
 
 from octlm.config import (
     NON_TRAJECTORY_KEYS,
+    OMITTED_AT_DEFAULT,
     ConfigError,
     TrainConfig,
     changed_keys,
@@ -15,6 +16,7 @@ from octlm.config import (
     field_docs,
     load_toml,
     make_config,
+    trajectory_changes,
 )
 from octlm.errors import OctlmError
 
@@ -154,8 +156,33 @@ def test_trajectory_excludes_paths_intervals_and_logging() -> None:
     traj = TrainConfig().trajectory()
     assert not NOT_TRAJECTORY & set(traj)
     assert set(traj) >= TRAJECTORY
-    assert set(traj) == set(config_keys()) - set(NON_TRAJECTORY_KEYS)
+    omitted = set(OMITTED_AT_DEFAULT)  # trajectory keys newer than some run folders
+    assert set(traj) == set(config_keys()) - set(NON_TRAJECTORY_KEYS) - omitted
     assert traj["lr"] == TrainConfig().lr
+
+
+def test_order_joins_the_trajectory_only_when_it_is_not_the_default() -> None:
+    """Run folders written before --order existed keep their fingerprint: the default order
+    is left out of the trajectory, any other order is in it."""
+    base = TrainConfig(model="tiny", context=64)
+    assert base.order == "random" and "order" not in base.trajectory()
+    assert OMITTED_AT_DEFAULT == {"order": "random"}
+    epoch = base.replace(order="epoch")
+    assert epoch.trajectory(2)["order"] == "epoch"
+    assert epoch.fingerprint_for(1) != base.fingerprint_for(1)
+    assert trajectory_changes(base.trajectory(), epoch.trajectory()) == [
+        "order: 'random' -> 'epoch'"
+    ]
+    assert trajectory_changes(epoch.trajectory(), base.trajectory()) == [
+        "order: 'epoch' -> 'random'"
+    ]
+
+
+def test_an_unknown_order_is_one_line_naming_the_orders() -> None:
+    with pytest.raises(ConfigError, match="order 'shuffled' is unknown") as info:
+        TrainConfig(order="shuffled")
+    assert "random" in str(info.value) and "epoch" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_fingerprint_changes_with_lr_but_not_with_val_every() -> None:

@@ -237,6 +237,9 @@ def underflow_for_run(
             micro_batch=micro_batch if micro_batch is not None else cfg["micro_batch"],
             accum=cfg["accum"],
             overfit_blocks=cfg.get("overfit_blocks", 0),
+            # With every rank's micro-batches (world), micro-batch 0 is the step's first slice.
+            world=meta.get("world", 1),
+            order=cfg.get("order", "random"),  # configs written before --order have none
         )
     except ValueError as exc:
         raise OctlmError(str(exc), "use the dataset the run trained on") from None

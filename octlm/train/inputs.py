@@ -1,5 +1,5 @@
 """What a run reads, built from its config: the in-memory blocks (--blocks), the training
-sampler (the data order) and the fixed validation set."""
+sampler (its data order, --order) and the fixed validation set."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def build_sampler(
             overfit_blocks=cfg.overfit_blocks,
             rank=dist.rank,
             world=dist.world,
+            order=cfg.order,
         )
     except ValueError as exc:
         raise OctlmError(str(exc), "use more data or a shorter --context") from None

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from octlm.config import TrainConfig, changed_keys
+from octlm.config import TrainConfig, changed_keys, trajectory_changes
 from octlm.data.order import Sampler
 from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
@@ -152,7 +152,13 @@ class Run:
         if self.scaler is not None and state[ckpt.SCALER]:
             self.scaler.load_state_dict(state[ckpt.SCALER])
         self.state.load_state_dict(state[ckpt.TRAIN_STATE])
-        self.sampler.load_state_dict(state[ckpt.SAMPLER], self.state.step)
+        try:
+            self.sampler.load_state_dict(state[ckpt.SAMPLER], self.state.step)
+        except ValueError as exc:  # another order or block count: the data would not continue
+            raise ResumeError(
+                f"the checkpoint in {self.out} cannot continue this data order: {exc}",
+                "resume with the run's own --order, data and --context",
+            ) from None
         # Last: nothing may draw after. Each rank gets its own generators back.
         if state["world"] == self.dist.world:
             load_rng_state_dict(state[ckpt.RNG][self.dist.rank])
@@ -319,7 +325,7 @@ def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
         detail, fix = "", "resume with the original settings, or start a new run in another --out"
         if kind == "config":
             changes = "; ".join(
-                changed_keys(state["trajectory"], run.cfg.trajectory(run.dist.world))
+                trajectory_changes(state["trajectory"], run.cfg.trajectory(run.dist.world))
             )
             if run.cfg.allow_config_change:
                 notes.append(

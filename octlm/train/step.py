@@ -65,6 +65,8 @@ class StepResult:
     """The learning rate the step used (set by `advance`)."""
     dt: float = 0.0
     """Seconds from drawing the micro-batches to the end of the update (set by `advance`)."""
+    epoch: int | None = None
+    """With --order epoch, the epoch of the step's first sample (set by `advance`)."""
 
 
 class NonFiniteError(Exception):
@@ -174,4 +176,4 @@ def advance(run: Run, *, validating: bool) -> StepResult:
     result = train_step(run.setup, run.optimizer, batches, lr=lr, measure_noise=measure)
     dt = time.perf_counter() - t0
     state.advance(run.tokens_per_step, result.skipped)
-    return replace(result, lr=lr, dt=dt)
+    return replace(result, lr=lr, dt=dt, epoch=run.sampler.epoch(s))
