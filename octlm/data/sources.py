@@ -260,13 +260,12 @@ def _read_jsonl(
             record = json.loads(text)
         except json.JSONDecodeError as exc:
             if lineno == 1 and text.lstrip().startswith("["):
-                raise DataError(
-                    f"{src.path} holds a JSON array, not JSON lines",
-                    f"write one object per line, e.g. `jq -c '.[]' {src.path} > docs.jsonl`",
-                ) from None
+                raise _array_error(src) from None
             raise DataError(
                 f"{src.path}:{lineno} is not valid JSON ({exc.msg})", "fix that line"
             ) from None
+        if lineno == 1 and isinstance(record, list):
+            raise _array_error(src)
         if not isinstance(record, dict) or field not in record:
             raise DataError(
                 f"{src.path}:{lineno} has no string field {field!r}",
@@ -282,6 +281,13 @@ def _read_jsonl(
         doc = Document(str(record.get("id", f"{src.name}:{lineno}")), value or "")
         _check_encodable(doc, src, lineno)
         yield doc
+
+
+def _array_error(src: Source) -> DataError:
+    return DataError(
+        f"{src.path} holds a JSON array, not JSON lines",
+        f"write one object per line, e.g. `jq -c '.[]' {src.path} > docs.jsonl`",
+    )
 
 
 def _check_encodable(doc: Document, src: Source, lineno: int) -> None:
