@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from octlm.data.fastbpe import use_fast_path
@@ -214,12 +215,8 @@ def _sample(cfg: PrepareConfig, sources: Sequence[Source], plan: Plan, bar: tqdm
 def _train_tokenizer(
     cfg: PrepareConfig, sources: Sequence[Source], plan: Plan, scan: Scan, progress: bool | None
 ) -> Tokenizer:
-    chars = scan.keys.chars
-    budget = sum(
-        min(int(chars[i]), cfg.tokenizer_doc_cap)
-        for i in range(len(chars))
-        if plan.labels[i] == TRAIN
-    )
+    chars = np.frombuffer(scan.keys.chars, dtype=np.uint64)[plan.labels == TRAIN]
+    budget = int(np.minimum(chars, cfg.tokenizer_doc_cap).sum())
     total = min(budget, cfg.tokenizer_max_chars)
     with _bar(total, "tokenizer sample", progress, unit="char") as bar:
         return Tokenizer.train(_sample(cfg, sources, plan, bar), cfg.vocab_size)

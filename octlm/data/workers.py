@@ -39,8 +39,9 @@ def check_workers(workers: int) -> None:
 
 
 class ChunkEncoder:
-    """Encodes lists of texts to (tokens, lengths): one flat array of `dtype` and each text's
-    token count. The encoder's counts (fast path vs HF) are summed over every process."""
+    """Encodes lists of texts to (tokens, lengths, text bytes, counts): one flat array of `dtype`,
+    each text's token count and UTF-8 size (computed here, off the main process). The
+    encoder's counts (fast path vs HF) are summed over every process."""
 
     def __init__(self, tokenizer: Tokenizer, *, fast: bool, dtype: np.dtype) -> None:
         self.tokenizer, self.fast, self.dtype = tokenizer, fast, dtype
@@ -58,7 +59,9 @@ class ChunkEncoder:
         for key, value in counts.items():
             self.counts[key] += value
 
-    def encode_here(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    def encode_here(
+        self, texts: list[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
         return _encode_with(self.local, texts, self.dtype)
 
 
@@ -69,18 +72,19 @@ def init_worker(tokenizer_json: str, fingerprint: str, fast: bool, dtype: str) -
     _STATE["dtype"] = np.dtype(dtype)
 
 
-def encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+def encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
     return _encode_with(_STATE["encoder"], texts, _STATE["dtype"])
 
 
 def _encode_with(
     encoder: DocumentEncoder, texts: list[str], dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
     before = dict(encoder.counts)
     ids = encoder.encode_batch(texts)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    text_bytes = np.fromiter((len(t.encode("utf-8")) for t in texts), np.int64, len(texts))
     flat = np.concatenate(ids).astype(dtype) if ids else np.empty(0, dtype)
-    return flat, lengths, {k: encoder.counts[k] - before[k] for k in before}
+    return flat, lengths, text_bytes, {k: encoder.counts[k] - before[k] for k in before}
 
 
 def ordered_map(

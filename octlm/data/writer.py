@@ -55,10 +55,12 @@ class SplitOut:
     documents: int = 0
     text_bytes: int = 0
 
-    def add(self, doc_id: str, text_bytes: int, tokens: np.ndarray) -> None:
+    def add(self, doc_ids: list[str], text_bytes: int, tokens: np.ndarray) -> None:
+        """Documents that follow one another in the split: their ids, bytes and tokens."""
         self.writer.add(tokens)
-        self.ids.add(doc_id)
-        self.documents += 1
+        for doc_id in doc_ids:
+            self.ids.add(doc_id)
+        self.documents += len(doc_ids)
         self.text_bytes += text_bytes
 
     def summary(self) -> dict[str, Any]:
@@ -121,35 +123,46 @@ def write_splits(
         initargs=encoder.initargs(),
         local=encoder.encode_here,
     )
-    for meta, (flat, lengths, counts) in results:
+    for meta, (flat, lengths, text_bytes, counts) in results:
         encoder.add_counts(counts)
         ends = np.cumsum(lengths)
-        for (label, rank, doc_id, text_bytes), end, n in zip(meta, ends, lengths, strict=True):
-            tokens = flat[end - n : end]
+        starts = ends - lengths
+        i = 0
+        while i < len(meta):
+            label, rank, doc_id = meta[i]
             if label == CANDIDATE:
-                spool.add(rank, doc_id, text_bytes, tokens)
-            else:
-                outs["val" if label == VAL else "train"].add(doc_id, text_bytes, tokens)
+                spool.add(rank, doc_id, int(text_bytes[i]), flat[starts[i] : ends[i]])
+                i += 1
+                continue
+            j = i + 1  # a run of documents bound for the same split: one write
+            while j < len(meta) and meta[j][0] == label:
+                j += 1
+            ids = [m[2] for m in meta[i:j]]
+            run_bytes = int(text_bytes[i:j].sum())
+            outs["val" if label == VAL else "train"].add(
+                ids, run_bytes, flat[starts[i] : ends[j - 1]]
+            )
+            i = j
     if not spool.entries:
         return
     lengths_of = [length for _, _, _, length in spool.entries]
     chosen = take_tokens(spool.ranks, lengths_of, val_tokens or 0)
     for position, doc_id, text_bytes, tokens in spool.read_back():
         # A candidate validation does not take goes after the rest of training (input order).
-        outs["val" if position in chosen else "train"].add(doc_id, text_bytes, tokens)
+        outs["val" if position in chosen else "train"].add([doc_id], text_bytes, tokens)
 
 
 def _chunks(
     docs: Iterable[Document], plan: Plan
-) -> Iterator[tuple[list[tuple[int, int, str, int]], list[str]]]:
-    """(meta, texts) of about CHUNK_CHARS characters each: meta is (label, rank, id, bytes)."""
-    meta: list[tuple[int, int, str, int]] = []
+) -> Iterator[tuple[list[tuple[int, int, str]], list[str]]]:
+    """(meta, texts) of about CHUNK_CHARS characters each: meta is (label, rank, id)."""
+    meta: list[tuple[int, int, str]] = []
     texts: list[str] = []
     size = 0
     for index, doc in enumerate(docs):
         label = int(plan.labels[index])
         rank = plan.ranks.get(index, -1) if label == CANDIDATE else -1
-        meta.append((label, rank, doc.id, len(doc.text.encode("utf-8"))))
+        meta.append((label, rank, doc.id))
         texts.append(doc.text)
         size += len(doc.text)
         if size >= CHUNK_CHARS:
