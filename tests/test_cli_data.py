@@ -8,8 +8,8 @@ the interpreter's start-up, and the test machine has few cores.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
