@@ -1,0 +1,115 @@
+"""docs/data.md's cookbook runs as written: every ```bash block of its Cookbook section, in
+order, by bash in one folder holding the small inputs the blocks name (made here from the
+embedded corpus), with `octlm` meaning this checkout's `python -m octlm`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from octlm.data.corpus import Document
+from octlm.data.shards import ShardDataset
+from octlm.hashing import file_sha256
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+# Every test here runs real `octlm` subprocesses.
+pytestmark = pytest.mark.slow
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "data.md"
+SEP = "<|endoftext|>"
+SAMPLE_CHARS = 250_000  # per input file: a few hundred KB keeps the section under ~15 s
+
+
+def cookbook_blocks() -> list[str]:
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("\n## Cookbook\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+
+
+def pieces(works: list[Document], size: int) -> list[str]:
+    """Runs of whole paragraphs of at least `size` characters, until SAMPLE_CHARS of them."""
+    out, total = [], 0
+    for work in works:
+        current = ""
+        for paragraph in work.text.split("\n\n"):
+            current = f"{current}\n\n{paragraph}" if current else paragraph
+            if len(current) >= size:
+                out.append(current)
+                total += len(current)
+                current = ""
+                if total >= SAMPLE_CHARS:
+                    return out
+    return out
+
+
+def make_inputs(folder: Path, docs: list[Document]) -> None:
+    """stories.txt (TinyStories-style), fineweb.parquet (FineWeb-style: text, id and url
+    columns), owt.jsonl.gz (OpenWebText-style: a text field only), each from other works."""
+    works = sorted(docs, key=lambda d: d.id)
+    stories = pieces(works[0:3], 800)
+    (folder / "stories.txt").write_text(SEP.join(stories), encoding="utf-8")
+    web = pieces(works[3:6], 2000)
+    table = {
+        "text": web,
+        "id": [f"<urn:uuid:{i:08x}>" for i in range(len(web))],
+        "url": [f"https://example.org/page/{i}" for i in range(len(web))],
+    }
+    pq.write_table(pa.table(table), folder / "fineweb.parquet")
+    with gzip.open(folder / "owt.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": text}) + "\n" for text in pieces(works[6:9], 1500))
+
+
+def shim(folder: Path) -> Path:
+    """A bin folder whose `octlm` is this interpreter's `python -m octlm`."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "octlm"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m octlm "$@"\n')
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_the_cookbook_has_the_five_recipes() -> None:
+    blocks = cookbook_blocks()
+    assert len(blocks) == 5, blocks
+    text = "".join(blocks)
+    for needed in ("stories.txt", "fineweb.parquet", "owt.jsonl.gz", "--split-on", "--tokenizer"):
+        assert needed in text
+    assert "--val-tokens" in blocks[4] and "--val-docs" in blocks[4]
+
+
+def test_every_cookbook_block_runs(tmp_path, corpus_docs) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    make_inputs(work, corpus_docs)
+    env = {**os.environ, "PATH": f"{shim(tmp_path)}{os.pathsep}{os.environ['PATH']}"}
+    for block in cookbook_blocks():
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, f"{block}\n{result.stderr[-3000:]}"
+        for out in re.findall(r"--out (\S+)", block):
+            path = work / out
+            if out.endswith(".json"):  # `octlm tokenizer train --out tok.json`
+                assert path.is_file(), out
+            else:
+                dataset = ShardDataset.open(path, verify_checksums=True)
+                assert len(dataset.train) > 0 and len(dataset.val) > 0, out
+                if "--tokenizer tok.json" in block:  # the given file, unchanged
+                    assert dataset.tokenizer_fingerprint == file_sha256(work / "tok.json")
