@@ -93,6 +93,8 @@ class PrepareStats:
     seconds: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
     peak_worker_rss_mb: float = 0.0
+    val_short: bool = False
+    """Validation ended below --val-tokens: its candidates ran out (see split.py)."""
 
 
 def _check_out(cfg: PrepareConfig) -> None:
@@ -153,7 +155,7 @@ def prepare_with_stats(
     clock = time.perf_counter()
     try:
         encoder = ChunkEncoder(tokenizer, fast=fast, dtype=token_dtype(tokenizer.vocab_size))
-        summary = _encode(cfg, sources, plan, encoder, workers, tmp, progress)
+        summary, stats.val_short = _encode(cfg, sources, plan, encoder, workers, tmp, progress)
         manifest = _write_manifest(cfg, tokenizer, encoder, summary, tmp)
         _swap_into_place(tmp, cfg.out)
     except BaseException:
@@ -230,7 +232,7 @@ def _encode(
     workers: int,
     folder: Path,
     progress: bool | None,
-) -> dict[str, dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], bool]:
     dtype = encoder.dtype
     outs = {
         split: SplitOut(ShardWriter(folder, split, dtype, cfg.shard_tokens)) for split in SPLITS
@@ -239,7 +241,7 @@ def _encode(
     total = sum(s.size for s in sources)
     try:
         with _bar(total, f"encoding ({workers} workers)", progress) as bar:
-            write_splits(
+            short = write_splits(
                 documents(sources, cfg.read, bar.update),
                 plan,
                 val_tokens=cfg.split.val_tokens,
@@ -261,7 +263,7 @@ def _encode(
                 f"add text, {'raise' if split == 'val' else 'lower'} the validation share "
                 "(--val-fraction, --val-docs, --val-tokens), or lower --context",
             )
-    return {split: outs[split].summary() for split in SPLITS}
+    return {split: outs[split].summary() for split in SPLITS}, short
 
 
 def _write_manifest(
@@ -271,7 +273,11 @@ def _write_manifest(
     summary: dict[str, dict[str, Any]],
     folder: Path,
 ) -> dict[str, Any]:
-    tokenizer.save(folder / TOKENIZER_NAME)
+    if cfg.tokenizer is not None:  # its own bytes: the fingerprint is their sha256
+        shutil.copyfile(cfg.tokenizer, folder / TOKENIZER_NAME)
+        fsync_path(folder / TOKENIZER_NAME)
+    else:
+        tokenizer.save(folder / TOKENIZER_NAME)
     manifest: dict[str, Any] = {
         "format": "octlm-dataset",
         "manifest_version": MANIFEST_VERSION,
@@ -358,7 +364,15 @@ def _stats_lines(stats: PrepareStats) -> list[str]:
     seconds = sum(stats.seconds.values())
     rate = stats.input_bytes / 1e6 / max(seconds, 1e-9)
     parts = ", ".join(f"{name} {t:.1f} s" for name, t in stats.seconds.items())
-    return [
+    short = (
+        [
+            "  warning    validation ran out of candidates before --val-tokens (text of more "
+            "than 8 characters a token): it holds fewer tokens"
+        ]
+        if stats.val_short
+        else []
+    )
+    return short + [
         f"  read       {stats.input_bytes / 1e6:,.1f} MB in {seconds:.1f} s ({rate:,.1f} MB/s; "
         f"{parts}); {stats.empty_documents:,} blank documents skipped",
         f"  workers    {stats.workers}; peak RSS {stats.peak_rss_mb:,.0f} MB (main), "

@@ -28,8 +28,10 @@ from octlm.errors import DataError
 TRAIN, VAL, CANDIDATE = 0, 1, 2
 DEFAULT_VAL_FRACTION = 0.1
 DEFAULT_VAL_TOKENS = 10_000_000
-CHARS_PER_TOKEN_BOUND = 16
-"""Candidates for a token limit hold at least this many characters per token asked for."""
+CHARS_PER_TOKEN_BOUND = 8
+"""Candidates for a token limit hold at least this many characters per token asked for: twice
+what byte-level BPE gets on prose (3-5 characters a token at 4k-65k vocabularies). Should a
+corpus beat it, validation ends short of the limit and `prepare` says so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,8 @@ class Plan:
     """TRAIN, VAL or CANDIDATE per document, in input order (uint8)."""
     ranks: dict[int, int]
     """Each candidate's rank (0 = smallest key): the order `take_tokens` takes them in."""
+    cut_by_chars: bool = False
+    """The character bound, not the document limit, ended the candidates."""
 
 
 def plan_split(keys: KeyTable, rule: SplitRule) -> Plan:
@@ -147,11 +151,20 @@ def plan_split(keys: KeyTable, rule: SplitRule) -> Plan:
     if rule.val_tokens is None:
         labels[taken] = VAL
         return Plan(labels, {})
-    chars = np.frombuffer(keys.chars, dtype=np.uint64)[taken].astype(np.int64)
+    all_chars = np.frombuffer(keys.chars, dtype=np.uint64).astype(np.int64)
+    chars = all_chars[taken]
     before = np.cumsum(chars) - chars  # characters of the candidates ranked ahead of each
-    taken = taken[before < CHARS_PER_TOKEN_BOUND * rule.val_tokens]
-    labels[taken] = CANDIDATE
-    return Plan(labels, {int(doc): rank for rank, doc in enumerate(taken)})
+    kept = before < CHARS_PER_TOKEN_BOUND * rule.val_tokens
+    if 2 * int(chars[kept].sum()) > int(all_chars.sum()):
+        # The tokenizer never sees a candidate: half the corpus or more would starve it.
+        raise DataError(
+            f"--val-tokens {rule.val_tokens:,} could need half of this corpus "
+            f"({int(all_chars.sum()):,} characters) for validation",
+            "pass a smaller --val-tokens, or --val-docs / --val-fraction",
+        )
+    labels[taken[kept]] = CANDIDATE
+    ranks = {int(doc): rank for rank, doc in enumerate(taken[kept])}
+    return Plan(labels, ranks, cut_by_chars=not kept.all())
 
 
 def take_tokens(ranks: list[int], tokens: list[int], val_tokens: int) -> set[int]:

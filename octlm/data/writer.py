@@ -112,9 +112,10 @@ def write_splits(
     workers: int,
     outs: dict[str, SplitOut],
     spool: Spool,
-) -> None:
+) -> bool:
     """Encode `docs` (the corpus in input order, as scanned) into `outs`; candidates of a token
-    limit go through `spool` and are placed at the end."""
+    limit go through `spool` and are placed at the end. True when validation ran out of
+    candidates before its token limit (the text beat the characters-per-token bound)."""
     results = ordered_map(
         encode_in_worker,
         _chunks(docs, plan),
@@ -144,12 +145,14 @@ def write_splits(
             )
             i = j
     if not spool.entries:
-        return
+        return False
     lengths_of = [length for _, _, _, length in spool.entries]
     chosen = take_tokens(spool.ranks, lengths_of, val_tokens or 0)
+    short = plan.cut_by_chars and sum(lengths_of[i] for i in chosen) < (val_tokens or 0)
     for position, doc_id, text_bytes, tokens in spool.read_back():
         # A candidate validation does not take goes after the rest of training (input order).
         outs["val" if position in chosen else "train"].add([doc_id], text_bytes, tokens)
+    return short
 
 
 def _chunks(

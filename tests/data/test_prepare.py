@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 import octlm.data.prepare as prepare_module
-from octlm.data.prepare import PrepareConfig, prepare, summary_lines
+from octlm.data.prepare import PrepareConfig, prepare, prepare_with_stats, summary_lines
 from octlm.data.shards import MANIFEST_NAME, ShardDataset, ShardWriter
 from octlm.data.split import SplitRule
 from octlm.errors import DataError, TokenizerError
 from octlm.hashing import file_sha256
+from octlm.tokenizer import Tokenizer
 
 VOCAB = 300
 CONTEXT = 16
@@ -134,6 +135,34 @@ def test_prepare_with_a_given_tokenizer_reuses_it(tmp_path, corpus, tiny_dataset
     assert manifest["tokenizer"]["vocab_size"] == 512
     assert (out / "tokenizer.json").read_bytes() == given.read_bytes()
     ShardDataset.open(out, tokenizer_fingerprint=file_sha256(given), verify_checksums=True)
+
+
+def test_a_given_tokenizer_is_copied_byte_for_byte_whoever_wrote_it(tmp_path, corpus, tiny_dataset):
+    # A tokenizer.json serialised another way (compact, as `json.dump` or another tool writes
+    # it) keeps its own bytes in the dataset, so its fingerprint still matches the manifest.
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(json.loads((tiny_dataset / "tokenizer.json").read_text())))
+    out = tmp_path / "data"
+    manifest = run(config(out, corpus, tokenizer=compact))
+    assert (out / "tokenizer.json").read_bytes() == compact.read_bytes()
+    assert manifest["tokenizer"]["fingerprint"] == file_sha256(compact)
+    assert Tokenizer.load(out / "tokenizer.json").fingerprint == file_sha256(compact)
+
+
+def test_validation_short_of_its_token_limit_is_reported(tmp_path):
+    # Text of one 48-character word repeated: its tokens are far longer than 8 characters.
+    word = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+    docs = [(f"d{i}", " ".join([word] * 40)) for i in range(60)]
+    cfg = config(
+        tmp_path / "data",
+        write_jsonl(tmp_path / "c.jsonl", docs),
+        split=SplitRule(val_fraction=None, val_tokens=400),
+        context=8,
+        vocab_size=400,  # merges enough for the whole word to be one token
+    )
+    manifest, stats = prepare_with_stats(cfg, progress=False)
+    assert stats.val_short and manifest["splits"]["val"]["tokens"] < 400
+    assert "validation ran out of candidates" in "\n".join(summary_lines(manifest, cfg.out, stats))
 
 
 def test_prepare_with_a_bad_tokenizer_file_is_refused(tmp_path, corpus):

@@ -69,10 +69,17 @@ def test_split_documents_is_plan_split_by_fraction(corpus_docs):
 def test_a_token_limit_marks_candidates_until_enough_characters():
     ids = [f"d{i}" for i in range(1000)]
     plan = plan_split(table(ids, chars=100), SplitRule(val_fraction=0.5, val_tokens=50))
-    # 16 chars per token asked for: 800 characters, so the 8 smallest hashes are candidates.
+    # 8 chars per token asked for: 400 characters, so the 4 smallest hashes are candidates.
     cands = [ids[i] for i in np.flatnonzero(plan.labels == CANDIDATE)]
-    assert set(cands) == set(by_hash(ids)[:8])
-    assert sorted(plan.ranks.values()) == list(range(8))
+    assert set(cands) == set(by_hash(ids)[:4])
+    assert sorted(plan.ranks.values()) == list(range(4)) and plan.cut_by_chars
+
+
+def test_a_token_limit_that_could_take_half_the_corpus_is_refused():
+    with pytest.raises(DataError, match="could need half of this corpus"):
+        plan_split(
+            table([f"d{i}" for i in range(100)]), SplitRule(val_fraction=None, val_tokens=70)
+        )
 
 
 def test_take_tokens_stops_at_the_document_that_reaches_the_limit():
@@ -111,10 +118,10 @@ def test_prepare_with_val_tokens_holds_out_just_enough_documents(tmp_path):
     val = manifest["splits"]["val"]
     assert val["documents"] == n and val["tokens"] == sum(tokens[i] for i in val_ids)
     assert val["document_ids_sha256"] == sha256_json([i for i in in_order if i in val_ids])
-    # Candidates (hash prefix until 16 x 1000 characters) validation did not take go to the
+    # Candidates (hash prefix until 8 x 1000 characters) validation did not take go to the
     # end of training, in input order.
     chars = np.cumsum([len(text[i]) for i in ranked])
-    candidates = {i for k, i in enumerate(ranked) if (chars[k] - len(text[i])) < 16_000}
+    candidates = {i for k, i in enumerate(ranked) if (chars[k] - len(text[i])) < 8_000}
     assert len(candidates) > n  # the test covers leftovers
     train_order = [i for i in in_order if i not in candidates] + [
         i for i in in_order if i in candidates and i not in val_ids
