@@ -1,21 +1,13 @@
-"""Work for `prepare` spread over processes, results handed back in submission order.
+"""The encoding `prepare` spreads over worker processes (`pool.py` runs them).
 
 Only the encoding runs in the workers; the reading, the split and every write stay in the main
-process, in input order, so the shards are the same bytes for any number of workers. Workers
-ignore Ctrl-C (the main process decides, and cleans up); a worker that dies (killed, out of
-memory) is a one-line error, not a hang.
+process, in input order, so the shards are the same bytes for any number of workers.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -24,7 +16,6 @@ from octlm.data.fastbpe import DocumentEncoder
 from octlm.errors import DataError
 from octlm.tokenizer import Tokenizer
 
-M = TypeVar("M")
 _STATE: dict[str, Any] = {}
 
 
@@ -66,7 +57,6 @@ class ChunkEncoder:
 
 
 def init_worker(tokenizer_json: str, fingerprint: str, fast: bool, dtype: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     tokenizer = Tokenizer(HFTokenizer.from_str(tokenizer_json), fingerprint)
     _STATE["encoder"] = DocumentEncoder(tokenizer, fast=fast)
     _STATE["dtype"] = np.dtype(dtype)
@@ -85,50 +75,3 @@ def _encode_with(
     text_bytes = np.fromiter((len(t.encode("utf-8")) for t in texts), np.int64, len(texts))
     flat = np.concatenate(ids).astype(dtype) if ids else np.empty(0, dtype)
     return flat, lengths, text_bytes, {k: encoder.counts[k] - before[k] for k in before}
-
-
-def ordered_map(
-    fn: Callable[[Any], Any],
-    items: Iterable[tuple[M, Any]],
-    *,
-    workers: int,
-    initializer: Callable[..., None] | None = None,
-    initargs: tuple[Any, ...] = (),
-    local: Callable[[Any], Any] | None = None,
-) -> Iterator[tuple[M, Any]]:
-    """(meta, fn(payload)) for each (meta, payload) of `items`, in order. One worker: `local`
-    (or `fn`) runs here, with no pool. More: a pool, with at most 2 x workers items in flight, so
-    memory stays bounded whatever the input size."""
-    if workers <= 1:
-        run = local or fn
-        for meta, payload in items:
-            yield meta, run(payload)
-        return
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=get_context("spawn"),  # no fork of a process that may hold threads
-        initializer=initializer,
-        initargs=initargs,
-    )
-    pending: deque[tuple[M, Future[Any]]] = deque()
-    try:
-        for meta, payload in items:
-            pending.append((meta, pool.submit(fn, payload)))
-            if len(pending) >= 2 * workers:
-                meta_done, future = pending.popleft()
-                yield meta_done, _result(future)
-        while pending:
-            meta_done, future = pending.popleft()
-            yield meta_done, _result(future)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _result(future: Future[Any]) -> Any:
-    try:
-        return future.result()
-    except BrokenProcessPool:
-        raise DataError(
-            "a worker process of `octlm prepare` died (killed, or out of memory)",
-            "run it again; with little memory, pass fewer --workers",
-        ) from None

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -62,3 +65,26 @@ def test_shards_are_byte_identical_for_1_2_and_3_workers(mixed, tmp_path, monkey
     assert manifest["encoder"]["piecewise"] + manifest["encoder"]["hf"] == sum(
         manifest["splits"][s]["documents"] for s in ("train", "val")
     )
+
+
+def test_workers_start_from_a_script_without_a_main_guard(mixed, tmp_path):
+    # multiprocessing's spawn would re-run this script in every worker; octlm's workers are
+    # fresh interpreters that import only octlm, so a plain script (or stdin, or a notebook)
+    # works as it is.
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from octlm.data.prepare import PrepareConfig, prepare\n"
+        "from octlm.data.sources import ReadOptions\n"
+        f"cfg = PrepareConfig(out=Path({str(tmp_path / 'd')!r}), inputs=({str(mixed)!r},),\n"
+        "    read=ReadOptions(split_on='<|endoftext|>'), vocab_size=300, context=16, workers=2)\n"
+        "print(prepare(cfg, progress=False)['fingerprint'])\n"
+    )
+    for argv in ([str(script)], ["-"]):
+        stdin = script.read_text() if argv == ["-"] else None
+        done = subprocess.run(
+            [sys.executable, *argv], input=stdin, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert len(done.stdout.strip()) == 64
+        shutil.rmtree(tmp_path / "d")
