@@ -97,10 +97,10 @@ class Spool:
         if self._file is None:
             return
         self._file.close()
-        tokens = np.memmap(self.path, dtype=self.dtype, mode="r") if self._offset else None
-        for position, (doc_id, text_bytes, offset, length) in enumerate(self.entries):
-            yield position, doc_id, text_bytes, np.asarray(tokens[offset : offset + length])
-        del tokens
+        # Plain reads, in the order written: a memmap's pages would count in the resident set.
+        with open(self.path, "rb") as f:
+            for position, (doc_id, text_bytes, _, length) in enumerate(self.entries):
+                yield position, doc_id, text_bytes, np.fromfile(f, self.dtype, count=length)
         self.path.unlink()
 
 
