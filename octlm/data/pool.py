@@ -26,6 +26,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from importlib import import_module
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from octlm.errors import DataError, OctlmError
@@ -44,11 +45,13 @@ def ordered_map(
     initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
     local: Callable[[Any], Any] | None = None,
+    on_exit: Callable[[list[float]], None] | None = None,
 ) -> Iterator[tuple[M, Any]]:
     """(meta, fn(payload)) for each (meta, payload) of `items`, in order. One worker: `local`
     (or `fn`) runs here, with no process. More: each worker holds at most 2 items at a time,
     so memory stays bounded whatever the input size. `fn` and `initializer` are module-level
-    functions (a worker imports them by name)."""
+    functions (a worker imports them by name). `on_exit` hears each worker's peak RSS in MB
+    once all items are done."""
     if workers <= 1:
         run = local or fn
         for meta, payload in items:
@@ -66,6 +69,21 @@ def ordered_map(
             pending.append((meta, k % workers))
         while pending:
             yield _take(pool, pending)
+        if on_exit is not None:
+            on_exit([peak_rss_mb(proc.pid) for proc in pool.procs])
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's own peak resident set (VmHWM), in MB; 0 where /proc does not say. Unlike
+    getrusage's ru_maxrss it does not include what the process inherited before its exec."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _name(fn: Callable[..., Any]) -> tuple[str, str]:

@@ -28,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from octlm.data.fastbpe import use_fast_path
+from octlm.data.pool import peak_rss_mb
 from octlm.data.scan import Scan, documents, find_ids, scan_corpus
 from octlm.data.shards import (
     MANIFEST_NAME,
@@ -162,8 +163,9 @@ def prepare_with_stats(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     stats.seconds["encode"] = time.perf_counter() - clock
-    stats.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    stats.peak_worker_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: that includes the memory of whatever process started this one.
+    stats.peak_rss_mb = peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stats.peak_worker_rss_mb = encoder.worker_peak_mb
     return manifest, stats
 
 
@@ -376,7 +378,11 @@ def _stats_lines(stats: PrepareStats) -> list[str]:
         f"  read       {stats.input_bytes / 1e6:,.1f} MB in {seconds:.1f} s ({rate:,.1f} MB/s; "
         f"{parts}); {stats.empty_documents:,} blank documents skipped",
         f"  workers    {stats.workers}; peak RSS {stats.peak_rss_mb:,.0f} MB (main), "
-        f"{stats.peak_worker_rss_mb:,.0f} MB (largest worker)",
+        + (
+            f"{stats.peak_worker_rss_mb:,.0f} MB (largest worker)"
+            if stats.workers > 1
+            else "no worker processes"
+        ),
     ]
 
 

@@ -38,6 +38,7 @@ class ChunkEncoder:
         self.tokenizer, self.fast, self.dtype = tokenizer, fast, dtype
         self.local = DocumentEncoder(tokenizer, fast=fast)
         self.counts = {"piecewise": 0, "hf": 0}
+        self.worker_peak_mb = 0.0
 
     def note(self) -> dict[str, Any]:
         why = self.local.hf_because
@@ -45,6 +46,9 @@ class ChunkEncoder:
 
     def initargs(self) -> tuple[Any, ...]:
         return (self.tokenizer.hf.to_str(), self.tokenizer.fingerprint, self.fast, self.dtype.str)
+
+    def worker_peaks(self, peaks: list[float]) -> None:
+        self.worker_peak_mb = max([self.worker_peak_mb, *peaks])
 
     def add_counts(self, counts: dict[str, int]) -> None:
         for key, value in counts.items():

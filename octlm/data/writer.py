@@ -124,6 +124,7 @@ def write_splits(
         initializer=init_worker,
         initargs=encoder.initargs(),
         local=encoder.encode_here,
+        on_exit=encoder.worker_peaks,
     )
     for meta, (flat, lengths, text_bytes, counts) in results:
         encoder.add_counts(counts)
