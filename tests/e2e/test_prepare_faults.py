@@ -22,11 +22,12 @@ OCTLM = [sys.executable, "-m", "octlm"]
 
 @pytest.fixture(scope="module")
 def big(corpus_docs, tiny_tokenizer, tmp_path_factory) -> tuple[Path, Path]:
-    """~15 MB of JSON lines (the embedded corpus three times) and a tokenizer file for it."""
+    """~25 MB of JSON lines (the embedded corpus five times: seconds of encoding, so a fault
+    lands mid-way) and a tokenizer file for it."""
     root = tmp_path_factory.mktemp("faults")
     corpus = root / "big.jsonl"
     with open(corpus, "w", encoding="utf-8") as f:
-        for copy in range(3):
+        for copy in range(5):
             for d in corpus_docs:
                 f.write(json.dumps({"id": f"{copy}/{d.id}", "text": d.text}) + "\n")
     tokenizer = root / "tokenizer.json"
@@ -66,13 +67,16 @@ def start(big: tuple[Path, Path], out: Path, *extra: str) -> subprocess.Popen:
 
 
 def wait_for_encoding(proc: subprocess.Popen, parent: Path) -> None:
-    """Until the temporary dataset folder exists (encoding has begun), plus a little."""
+    """Until the temporary dataset folder holds its first shard: encoding is under way."""
     deadline = time.monotonic() + 120
-    while not any(".tmp-" in p.name for p in parent.iterdir()):
+    while not any(p.is_dir() and (p / "train_000000.bin").exists() for p in _temps(parent)):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(0.5)
+        time.sleep(0.01)
+
+
+def _temps(parent: Path) -> list[Path]:
+    return [p for p in parent.iterdir() if ".tmp-" in p.name]
 
 
 def workers_of(pid: int) -> list[int]:
