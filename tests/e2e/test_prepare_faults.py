@@ -63,6 +63,9 @@ def start(big: tuple[Path, Path], out: Path, *extra: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a job
+        # As a terminal's job has it: a runner started with `&` (nohup, some CI) passes SIGINT
+        # ignored to its children, and Python then never turns it into KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
