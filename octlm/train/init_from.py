@@ -158,8 +158,8 @@ def plan_init(cfg: TrainConfig, tokenizer: Tokenizer) -> InitPlan | None:
         model_config = model_config_for(meta["model_config"], cfg, tokenizer)
         return InitPlan(model_config, None, meta.get("init_from"), [note])
     source = read_source(cfg.init_from)
+    model_config = model_config_for(source.shape, cfg, tokenizer)  # the vocabulary first
     check_tokenizer(source.record, tokenizer)
-    model_config = model_config_for(source.shape, cfg, tokenizer)
     return InitPlan(model_config, source.weights, source.record, [])
 
 
@@ -186,7 +186,8 @@ def model_config_for(shape: dict[str, Any], cfg: TrainConfig, tokenizer: Tokeniz
         raise InitFromError(
             f"--init-from {cfg.init_from} has a vocabulary of {shape['vocab_size']} tokens, the "
             f"data's tokenizer {tokenizer.vocab_size}",
-            "prepare the data with the source's tokenizer (octlm prepare --tokenizer ...)",
+            "pass --data prepared with the source's tokenizer (on the embedded corpus: the "
+            "source's --model)",
         )
     if cfg.context > shape["context"]:
         raise InitFromError(
