@@ -24,7 +24,7 @@ from octlm.data.shards import ShardDataset
 from octlm.load import load_model
 from octlm.runlog import read_log
 from octlm.train.run import build_run
-from tests.e2e.helpers import octlm
+from tests.e2e.helpers import end_hash, octlm
 
 pytestmark = pytest.mark.slow
 os.environ["HF_HUB_OFFLINE"] = "1"  # loading must never reach the network
@@ -38,10 +38,6 @@ RUN += ("--ckpt-every", "0", "--no-async-checkpoint", "--no-progress")
 
 def train(data: Path, out: Path, *extra: str, check: bool = True):
     return octlm("train", "--data", str(data), "--out", str(out), *RUN, *extra, check=check)
-
-
-def end_hash(run: Path) -> str:
-    return next(r for r in read_log(run / "log.jsonl") if r["type"] == "end")["weights_sha256"]
 
 
 def header(run: Path) -> dict:
