@@ -18,7 +18,14 @@ from typing import Any
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
 from octlm.cli_data import add_data_commands
-from octlm.config import DTYPES, TrainConfig, config_keys, field_docs, make_config
+from octlm.config import (
+    DTYPES,
+    TrainConfig,
+    config_keys,
+    field_docs,
+    load_toml,
+    make_config,
+)
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
@@ -65,8 +72,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise OctlmError(f"--nproc {args.nproc} starts no process", "use --nproc 1 or more")
     if args.nproc and args.nproc > 1 and not launched_by_torchrun():
         return torchrun(args.nproc, sys.argv[1:])
-    train(_config_from_args(args))
+    cfg = _config_from_args(args)
+    if cfg.init_from is not None and _given(args, "model"):
+        from octlm.train.init_from import check_preset
+
+        check_preset(cfg)  # a --model left out is no contradiction: the source's shape is used
+    train(cfg)
     return 0
+
+
+def _given(args: argparse.Namespace, key: str) -> bool:
+    """Whether `key` was set by a flag or the --config file (not left at its default)."""
+    return getattr(args, key) is not None or bool(args.config and key in load_toml(args.config))
 
 
 def _cmd_verify_resume(args: argparse.Namespace) -> int:

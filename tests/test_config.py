@@ -161,12 +161,21 @@ def test_trajectory_excludes_paths_intervals_and_logging() -> None:
     assert traj["lr"] == TrainConfig().lr
 
 
+def test_init_from_joins_the_trajectory_only_when_given() -> None:
+    """No --init-from keeps every existing fingerprint; a source is part of what the run is."""
+    base = TrainConfig(model="tiny", context=64)
+    assert OMITTED_AT_DEFAULT["init_from"] is None and "init_from" not in base.trajectory()
+    other = base.replace(init_from="runs/pretrained")
+    assert other.trajectory()["init_from"] == "runs/pretrained"
+    assert other.fingerprint_for(1) != base.fingerprint_for(1)
+
+
 def test_order_joins_the_trajectory_only_when_it_is_not_the_default() -> None:
     """Run folders written before --order existed keep their fingerprint: the default order
     is left out of the trajectory, any other order is in it."""
     base = TrainConfig(model="tiny", context=64)
     assert base.order == "random" and "order" not in base.trajectory()
-    assert OMITTED_AT_DEFAULT == {"order": "random"}
+    assert OMITTED_AT_DEFAULT["order"] == "random"
     epoch = base.replace(order="epoch")
     assert epoch.trajectory(2)["order"] == "epoch"
     assert epoch.fingerprint_for(1) != base.fingerprint_for(1)

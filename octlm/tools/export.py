@@ -1,8 +1,9 @@
 """Export a run's model: a Hugging Face Llama folder, or one plain safetensors file.
 
 octlm's model is Llama's architecture with Llama's RoPE layout, so the `hf` export is a renaming
-of tensors plus config and tokenizer files; no tensor is permuted. Only safetensors and json are
-needed here: `transformers` is for whoever loads the result, never imported by octlm.
+of tensors (`octlm.llama`'s table) plus config and tokenizer files; no tensor is permuted. Only
+safetensors and json are needed here: `transformers` is for whoever loads the result, never
+imported by octlm.
 Importing this module imports no torch (the CLI parser reads FORMATS); exporting does.
 """
 
@@ -12,86 +13,16 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from octlm.data.shards import TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
+from octlm.llama import hf_config, hf_state_dict
 from octlm.tokenizer import BOS, EOS, PAD, Tokenizer
-
-if TYPE_CHECKING:
-    import torch
-
-    from octlm.model import ModelConfig
 
 FORMATS = ("hf", "safetensors")
 SAFETENSORS_NAME = "model.safetensors"
-
-# octlm name inside each block -> Llama name (w1 = gate, w3 = up, w2 = down in SwiGLU).
-_LAYER_NAMES = {
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "attention_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-}
-_TOP_NAMES = {
-    "tok_embeddings.weight": "model.embed_tokens.weight",
-    "norm.weight": "model.norm.weight",
-}
-
-
-def hf_state_dict(weights: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """octlm weights under Llama's names; the tied output layer gets no `lm_head` entry."""
-    from octlm.train.checkpoint import CheckpointError
-
-    table = dict(_TOP_NAMES)
-    for i in range(n_layers):
-        for ours, theirs in _LAYER_NAMES.items():
-            table[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
-    if set(weights) != set(table):
-        extra, missing = sorted(set(weights) - set(table)), sorted(set(table) - set(weights))
-        raise CheckpointError(
-            f"the checkpoint's weights do not fit the model (extra {extra[:3]}, missing "
-            f"{missing[:3]})",
-            "name an octlm checkpoint",
-        )
-    return {table[name]: t.detach().contiguous() for name, t in weights.items()}
-
-
-def hf_config(config: ModelConfig, dtype: torch.dtype | str = "float32") -> dict[str, Any]:
-    """config.json for LlamaForCausalLM (special-token ids are added by the caller)."""
-    dtype_name = str(dtype).removeprefix("torch.")  # the checkpoint's: float32 unless edited
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.d_model,
-        "intermediate_size": config.d_ff,
-        "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim,
-        "max_position_embeddings": config.context,
-        "hidden_act": "silu",
-        "rms_norm_eps": config.norm_eps,
-        # transformers 4 reads rope_theta, 5 reads rope_parameters; both hold the same base.
-        "rope_theta": config.rope_base,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_base},
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "tie_word_embeddings": True,
-        "initializer_range": config.init_std,
-        "torch_dtype": dtype_name,
-        "dtype": dtype_name,
-        "use_cache": True,
-    }
 
 
 def tokenizer_config(context: int) -> dict[str, Any]:

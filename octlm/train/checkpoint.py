@@ -33,8 +33,7 @@ CKPT_DIR = "checkpoints"
 SNAPSHOT_DIR = "snapshots"
 LATEST = "latest.json"
 KEEP_LAST = 2  # the previous file survives until a newer one is complete and listed
-# bench/chaos.py's fault injection: seconds to pause after the temporary file is written and
-# after the rename, so SIGKILLs land mid-save.
+# bench/chaos.py's faults: seconds to pause after the temporary file and after the rename.
 _SAVE_PAUSE = float(os.environ.get("OCTLM_CHAOS_SAVE_PAUSE", "0") or 0)
 
 
@@ -50,7 +49,7 @@ MODEL_PREFIX, OPTIM_PREFIX = "model.", "optim."
 SNAPSHOT_FORMAT = "octlm-snapshot"
 # What a run is, beside its state: checked on resume, copied into snapshots and the log header.
 IDENTITY_KEYS = ("fingerprints", "trajectory", "config", "model_config", "data_dir", "build")
-IDENTITY_KEYS += ("world",)
+IDENTITY_KEYS += ("world", "init_from")
 
 
 def rng_prefix(rank: int) -> str:
@@ -77,6 +76,7 @@ class RunState(TypedDict):
     data_dir: str
     build: dict[str, Any]
     world: int
+    init_from: dict[str, Any] | None
 
 
 class CheckpointMeta(TypedDict, total=False):
@@ -96,6 +96,7 @@ class CheckpointMeta(TypedDict, total=False):
     data_dir: str
     build: dict[str, Any]
     world: int
+    init_from: dict[str, Any] | None
     rng_ranks: list[dict[str, Any]]
     format: str
     format_version: int
@@ -248,7 +249,6 @@ def save_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:06d}.safetensors"
     header = {**meta, "format": FORMAT, "format_version": FORMAT_VERSION}
-
     digest: dict[str, str] = {}
 
     def write(tmp: Path) -> None:

@@ -39,6 +39,7 @@ from octlm.train.distributed import (
     sync_context,
     wrap_model,
 )
+from octlm.train.init_from import InitPlan, load_into, plan_init
 from octlm.train.inputs import build_sampler, train_blocks, validation_set
 from octlm.train.optim import build_optimizer, param_names
 from octlm.train.saver import BackgroundSaver
@@ -91,6 +92,8 @@ class Run:
     saver: BackgroundSaver = field(default_factory=lambda: BackgroundSaver(True))
     notes: list[str] = field(default_factory=list)
     """What `build_run` changed (the accumulation of an elastic resume), for the resume log."""
+    init_from: dict[str, Any] | None = None
+    """The --init-from source's identity (path, kind, weights_sha256), kept by every checkpoint."""
 
     @property
     def out(self) -> Path:
@@ -136,6 +139,7 @@ class Run:
             "data_dir": str(self.data_dir.resolve()),
             "build": build_info(self.device),
             "world": self.dist.world,
+            "init_from": self.init_from,
         }
 
     def load_state_dict(self, state: ckpt.RunState) -> list[str]:
@@ -207,6 +211,7 @@ class Run:
             "world": self.dist.world,
             "flops_per_token": self.model.flops_per_token(self.cfg.context),
             "fingerprints": self.fingerprints,
+            "init_from": self.init_from,
             "data_dir": str(self.data_dir.resolve()),
             "build": build_info(self.device),
             "git_commit": git_commit(),
@@ -251,14 +256,10 @@ def build_run(cfg: TrainConfig) -> Run:
     cfg, notes = elastic_config(cfg, dist.world) if cfg.resume else (cfg, [])
     configure_determinism(cfg.deterministic, device)
     data_dir, dataset, tokenizer = _open_data(cfg)
-    # The vocabulary always comes from the data's tokenizer, the context from the config.
-    model_config = preset(
-        cfg.model, vocab_size=tokenizer.vocab_size, context=cfg.context, dropout=cfg.dropout
-    )
-    # Seeded right before the model is built: its init is a function of the seed alone. Nothing
-    # above draws from a generator, and a resume overwrites every generator last.
-    seed_everything(cfg.seed)
-    model = GPT(model_config).to(device)
+    init = plan_init(cfg, tokenizer)  # reads the --init-from source (unless a resume wins)
+    model_config, model = _build_model(cfg, tokenizer, init)
+    model = model.to(device)
+    notes += init.notes if init else []
     wrapped = wrap_model(model, dist, cfg.parallel, device)
     optimizer = build_optimizer(model, cfg)  # after wrapping: FSDP shards the parameters
     scaler = torch.amp.GradScaler(device.type) if cfg.dtype == "fp16" else None
@@ -300,7 +301,30 @@ def build_run(cfg: TrainConfig) -> Run:
         },
         saver=BackgroundSaver(cfg.async_checkpoint),
         notes=notes,
+        init_from=init.record if init else None,
     )
+
+
+def _build_model(
+    cfg: TrainConfig, tokenizer: Tokenizer, init: InitPlan | None
+) -> tuple[ModelConfig, GPT]:
+    """The seeded model, with the --init-from weights copied in (on the CPU, before wrapping)."""
+    # The vocabulary always comes from the data's tokenizer, the context from the config; with
+    # --init-from the rest of the shape is the source's.
+    model_config = init.model_config if init else preset(
+        cfg.model, vocab_size=tokenizer.vocab_size, context=cfg.context, dropout=cfg.dropout
+    )  # fmt: skip
+    # Seeded right before the model is built: its init is a function of the seed alone. Nothing
+    # above draws from a generator, and a resume overwrites every generator last.
+    seed_everything(cfg.seed)
+    model = GPT(model_config)
+    if init is not None and init.weights is not None:
+        # The source's weights overwrite the seeded init instead of skipping it: the init's
+        # draws still happen, so every generator leaves the build in the state a fresh run of
+        # this shape and seed leaves it (dropout masks, and anything drawn later, are the
+        # same), and an init-from run differs from a fresh one in its weights alone.
+        load_into(model, init.weights, str(cfg.init_from))
+    return model_config, model
 
 
 def _open_data(cfg: TrainConfig) -> tuple[Path, ShardDataset, Tokenizer]:

@@ -1,0 +1,229 @@
+"""`--init-from`: the weights and shape a new run starts from, read safely.
+
+A source is an octlm run folder, checkpoint or snapshot file, or a Hugging Face LlamaForCausalLM
+folder (config.json + safetensors, as `octlm export` writes). Only safetensors are read, so
+nothing in a source can run code: pickle files (.bin, .pt, ...) are refused unopened. The
+source decides the model's shape; the run decides its context (at most the source's) and
+dropout, and its data must use the source's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from octlm.config import TrainConfig
+from octlm.errors import OctlmError
+from octlm.hashing import file_sha256, weights_sha256
+from octlm.llama import model_config_from_hf, octlm_state_dict
+from octlm.model import GPT, PRESETS, ModelConfig
+from octlm.tokenizer import Tokenizer
+from octlm.train import checkpoint as ckpt
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+HF_CONFIG, HF_WEIGHTS, HF_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+# The fields a preset or a shape flag sets: with --init-from they must agree with the source.
+SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "rope_base", "norm_eps")
+SHAPE_FIELDS += ("init_std",)
+
+
+class InitFromError(OctlmError):
+    """An --init-from source that cannot be read, or does not fit the run."""
+
+
+@dataclass(frozen=True)
+class InitSource:
+    shape: dict[str, Any]
+    """The source's ModelConfig fields (its own vocab_size and context)."""
+    weights: dict[str, torch.Tensor]
+    """float32, under octlm's names."""
+    record: dict[str, Any]
+    """Its identity for the log header and the checkpoints: path, kind, weights_sha256, ..."""
+
+
+def _refuse_pickle(path: Path) -> None:
+    if path.suffix in PICKLE_SUFFIXES:
+        raise InitFromError(
+            f"{path} is a pickle file: octlm never unpickles (it could run code)",
+            "convert it to safetensors (e.g. save_pretrained(..., safe_serialization=True))",
+        )
+
+
+def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        if not path.is_file():
+            raise InitFromError(f"{path} is missing", "name a complete LlamaForCausalLM folder")
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                tensors.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118
+        except Exception as exc:  # safetensors raises its own error types for bad headers
+            raise InitFromError(f"{path} is not a readable safetensors file ({exc})") from None
+    return tensors
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InitFromError(f"{path} is not readable JSON ({exc})", "fix or replace it") from None
+    if not isinstance(data, dict):
+        raise InitFromError(f"{path} is not a JSON object", "fix or replace it")
+    return data
+
+
+def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
+    shape = model_config_from_hf(_read_json(folder / HF_CONFIG))
+    if (folder / HF_WEIGHTS).is_file():
+        files = [folder / HF_WEIGHTS]
+    elif (folder / HF_INDEX).is_file():
+        weight_map = _read_json(folder / HF_INDEX).get("weight_map") or {}
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    else:
+        for other in sorted(folder.iterdir()):
+            _refuse_pickle(other)  # pytorch_model.bin: say why it is not read
+        raise InitFromError(f"{folder} holds no {HF_WEIGHTS}", "save the model as safetensors")
+    weights = octlm_state_dict(_read_safetensors(files), shape["n_layers"])
+    tok = folder / "tokenizer.json"
+    tokenizer = file_sha256(tok) if tok.is_file() else None
+    return shape, weights, {"kind": "hf", "file": str(files[0].resolve()), "tokenizer": tokenizer}
+
+
+def _read_octlm(target: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
+    path, checksum = ckpt.find_checkpoint(target)
+    meta, tensors = ckpt.load_checkpoint(path, checksum)
+    if not isinstance(meta.get("model_config"), dict):
+        raise InitFromError(f"{path} holds no model config", "name an octlm checkpoint")
+    shape = dict(meta["model_config"])
+    record = {
+        "kind": "octlm",
+        "file": str(path.resolve()),
+        "tokenizer": (meta.get("fingerprints") or {}).get("tokenizer"),
+        "step": (meta.get("train_state") or {}).get("step"),
+    }
+    return shape, ckpt.model_weights(tensors), record
+
+
+def read_source(source: str) -> InitSource:
+    """The source's shape, float32 weights under octlm's names, and identity record."""
+    path = Path(source)
+    if not path.exists():
+        raise InitFromError(
+            f"--init-from {source} does not exist",
+            "name an octlm run folder or checkpoint, or a LlamaForCausalLM folder",
+        )
+    _refuse_pickle(path)
+    if path.is_file() and path.name == HF_WEIGHTS and (path.parent / HF_CONFIG).is_file():
+        path = path.parent  # a Hugging Face folder named by its weights file
+    is_hf = path.is_dir() and (path / HF_CONFIG).is_file()
+    shape, weights, record = _read_hf(path) if is_hf else _read_octlm(path)
+    bad = sorted(n for n, t in weights.items() if not t.is_floating_point())
+    if bad:
+        raise InitFromError(f"{source}: tensor {bad[0]} is not floating point")
+    # Weights train in float32 (autocast or not): a bf16/fp16 source widens exactly.
+    weights = {name: t.to(torch.float32) for name, t in weights.items()}
+    record = {"path": source, **record, "weights_sha256": weights_sha256(weights)}
+    return InitSource(shape=shape, weights=weights, record=record)
+
+
+@dataclass(frozen=True)
+class InitPlan:
+    model_config: ModelConfig
+    weights: dict[str, torch.Tensor] | None
+    """None when resuming: the checkpoint's weights win, the source is not read again."""
+    record: dict[str, Any] | None
+    notes: list[str]
+
+
+def _checkpoint_meta(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The newest checkpoint's metadata when --resume will load one (it wins over the source)."""
+    meta = ckpt.peek_newest_meta(Path(cfg.out)) if cfg.resume else None
+    return meta if meta is not None and isinstance(meta.get("model_config"), dict) else None
+
+
+def plan_init(cfg: TrainConfig, tokenizer: Tokenizer) -> InitPlan | None:
+    """What --init-from gives the run (None without it). A resume that finds a checkpoint takes
+    the shape and the source's record from it, so a source moved or changed since cannot
+    change a resumed run, and the run resumes bit-exactly."""
+    if cfg.init_from is None:
+        return None
+    meta = _checkpoint_meta(cfg)
+    if meta is not None:
+        note = f"--resume found a checkpoint: it wins, --init-from {cfg.init_from} is not read"
+        model_config = model_config_for(meta["model_config"], cfg, tokenizer)
+        return InitPlan(model_config, None, meta.get("init_from"), [note])
+    source = read_source(cfg.init_from)
+    model_config = model_config_for(source.shape, cfg, tokenizer)  # the vocabulary first
+    check_tokenizer(source.record, tokenizer)
+    return InitPlan(model_config, source.weights, source.record, [])
+
+
+def check_preset(cfg: TrainConfig) -> None:
+    """A `--model` given with --init-from must have the source's shape (vocabulary and context
+    aside: the data and --context decide those). The CLI calls this when --model is given."""
+    if cfg.init_from is None:
+        return
+    meta = _checkpoint_meta(cfg)
+    shape = meta["model_config"] if meta is not None else read_source(cfg.init_from).shape
+    preset = PRESETS[cfg.model].to_dict()
+    wrong = [f"{k} {shape.get(k)} vs {preset[k]}" for k in SHAPE_FIELDS if shape[k] != preset[k]]
+    if wrong:
+        raise InitFromError(
+            f"--model {cfg.model} contradicts --init-from {cfg.init_from}: {', '.join(wrong)}",
+            "the source decides the model's shape: drop --model",
+        )
+
+
+def model_config_for(shape: dict[str, Any], cfg: TrainConfig, tokenizer: Tokenizer) -> ModelConfig:
+    """The run's model: the source's shape, the run's context and dropout; refused when the
+    data's vocabulary is not the source's or the context is longer than the source's."""
+    if shape["vocab_size"] != tokenizer.vocab_size:
+        raise InitFromError(
+            f"--init-from {cfg.init_from} has a vocabulary of {shape['vocab_size']} tokens, the "
+            f"data's tokenizer {tokenizer.vocab_size}",
+            "pass --data prepared with the source's tokenizer (on the embedded corpus: the "
+            "source's --model)",
+        )
+    if cfg.context > shape["context"]:
+        raise InitFromError(
+            f"context {cfg.context} exceeds --init-from {cfg.init_from}'s {shape['context']}",
+            f"use --context {shape['context']} or less",
+        )
+    try:
+        return ModelConfig.from_dict({**shape, "context": cfg.context, "dropout": cfg.dropout})
+    except ValueError as exc:
+        raise InitFromError(f"--init-from {cfg.init_from}: {exc}") from None
+
+
+def check_tokenizer(record: dict[str, Any], tokenizer: Tokenizer) -> None:
+    """The data's tokenizer must be the one the source recorded (when it records one)."""
+    theirs = record.get("tokenizer")
+    if theirs is not None and theirs != tokenizer.fingerprint:
+        raise InitFromError(
+            f"the data's tokenizer ({tokenizer.fingerprint[:12]}) is not --init-from "
+            f"{record['path']}'s ({theirs[:12]})",
+            "prepare the data with the source's tokenizer.json",
+        )
+
+
+def load_into(model: GPT, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Copy the source's weights into the freshly initialised model (names and shapes must fit)."""
+    own = model.state_dict()
+    for name, tensor in weights.items():
+        if name in own and own[name].shape != tensor.shape:
+            raise InitFromError(
+                f"--init-from {source}: {name} has shape {tuple(tensor.shape)}, the model "
+                f"{tuple(own[name].shape)}",
+                "name a source whose config matches its weights",
+            )
+    if set(weights) != set(own):
+        missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+        raise InitFromError(f"--init-from {source}: missing {missing[:3]}, extra {extra[:3]}")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            own[name].copy_(tensor)
