@@ -42,14 +42,13 @@ class CheckpointError(OctlmError):
 
 
 # -- the format: part keys, tensor prefixes, metadata -----------------------------------------
-MODEL, OPTIMIZER, SCALER, TRAIN_STATE, SAMPLER, RNG = (
-    "model", "optimizer", "scaler", "train_state", "sampler", "rng"
-)  # fmt: skip
+MODEL, OPTIMIZER, SCALER, TRAIN_STATE, SAMPLER, RNG = ("model", "optimizer", "scaler", "train_state", "sampler", "rng")  # noqa: E501  # fmt: skip
 MODEL_PREFIX, OPTIM_PREFIX = "model.", "optim."
 SNAPSHOT_FORMAT = "octlm-snapshot"
 # What a run is, beside its state: checked on resume, copied into snapshots and the log header.
 IDENTITY_KEYS = ("fingerprints", "trajectory", "config", "model_config", "data_dir", "build")
 IDENTITY_KEYS += ("world", "init_from")
+OPTIONAL_KEYS = ("init_from",)  # written only when set: other runs' files keep the v1 layout
 
 
 def rng_prefix(rank: int) -> str:
@@ -185,7 +184,7 @@ def pack(state: RunState) -> tuple[CheckpointMeta, dict[str, torch.Tensor]]:
         OPTIMIZER: optim_meta,
         SCALER: state[SCALER],
         RNG: rng_json[0],
-        **{key: state[key] for key in IDENTITY_KEYS},  # type: ignore[typeddict-item]
+        **{k: state[k] for k in IDENTITY_KEYS if k not in OPTIONAL_KEYS or state[k] is not None},
         "rng_ranks": rng_json[1:],
     }
     return meta, tensors

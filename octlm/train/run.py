@@ -139,7 +139,7 @@ class Run:
             "data_dir": str(self.data_dir.resolve()),
             "build": build_info(self.device),
             "world": self.dist.world,
-            "init_from": self.init_from,
+            "init_from": self.init_from,  # left out of the checkpoint when None (v1 layout)
         }
 
     def load_state_dict(self, state: ckpt.RunState) -> list[str]:
