@@ -251,10 +251,10 @@ def build_run(cfg: TrainConfig) -> Run:
     cfg, notes = elastic_config(cfg, dist.world) if cfg.resume else (cfg, [])
     configure_determinism(cfg.deterministic, device)
     data_dir, dataset, tokenizer = _open_data(cfg)
-    # The vocabulary always comes from the data's tokenizer, the context from the config.
-    model_config = preset(
-        cfg.model, vocab_size=tokenizer.vocab_size, context=cfg.context, dropout=cfg.dropout
-    )
+    # The vocabulary always comes from the data's tokenizer, the context from the config, the
+    # shape from the preset under the config's shape keys (checked by the config already).
+    sizes = {"vocab_size": tokenizer.vocab_size, "context": cfg.context, "dropout": cfg.dropout}
+    model_config = preset(cfg.model, **sizes, **cfg.shape())
     # Seeded right before the model is built: its init is a function of the seed alone. Nothing
     # above draws from a generator, and a resume overwrites every generator last.
     seed_everything(cfg.seed)
