@@ -25,6 +25,7 @@ from octlm.config import (
     field_docs,
     load_toml,
     make_config,
+    to_toml,
 )
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError
@@ -68,6 +69,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from octlm.train.distributed import launched_by_torchrun
     from octlm.train.loop import train
 
+    if args.print_config:  # checked and resolved, nothing built: --out is not touched
+        print(to_toml(_config_from_args(args).resolved().to_dict()), end="")
+        return 0
     if args.nproc is not None and args.nproc < 1:
         raise OctlmError(f"--nproc {args.nproc} starts no process", "use --nproc 1 or more")
     if args.nproc and args.nproc > 1 and not launched_by_torchrun():
@@ -209,6 +213,8 @@ def _add_train_commands(sub: Any) -> None:
     _add_train_flags(tr)
     nproc = "processes on this machine: launches torchrun (gloo on CPU, NCCL on GPU)"
     tr.add_argument("--nproc", type=int, default=None, help=nproc)
+    printed = "print the resolved settings (shape written out) as TOML for --config, and exit"
+    tr.add_argument("--print-config", action="store_true", help=printed)
     tr.set_defaults(handler=_cmd_train)
 
     vr = sub.add_parser("verify-resume", help="check exact resume: straight vs stopped+resumed")

@@ -16,9 +16,12 @@ from typing import Any
 
 from octlm.errors import OctlmError
 from octlm.hashing import sha256_json
+from octlm.shape import SHAPE_KEYS, resolve_shape, shape_problem
 
 DTYPES = ("fp32", "bf16", "fp16")
 ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
+SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.train.schedule)
+DECAY_SHAPES = ("linear", "1-sqrt")
 
 
 class ConfigError(OctlmError):
@@ -44,7 +47,27 @@ def _setting(default: Any) -> Any:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     model: str = _trajectory("small")
-    """Model preset: micro, tiny, small or main."""
+    """Model preset: micro, tiny, small or main; the base the shape settings below override."""
+    # The shape: None is the preset's value. Each joins the trajectory only where it differs
+    # from the preset's, so runs written before these keys, and a key set to the preset's own
+    # value, keep the fingerprint of the plain preset.
+    n_layers: int | None = _new_trajectory(None)
+    """Transformer blocks (default: the preset's)."""
+    d_model: int | None = _new_trajectory(None)
+    """Width of the residual stream (default: the preset's)."""
+    n_heads: int | None = _new_trajectory(None)
+    """Query heads; must divide d_model into an even head size (default: the preset's)."""
+    n_kv_heads: int | None = _new_trajectory(None)
+    """Key/value heads (grouped-query attention); must divide n_heads (default: the preset's)."""
+    d_ff: int | None = _new_trajectory(None)
+    """Hidden width of the SwiGLU feed-forward (default: the preset's)."""
+    rope_base: float | None = _new_trajectory(None)
+    """RoPE frequency base, theta (default: the preset's)."""
+    norm_eps: float | None = _new_trajectory(None)
+    """Epsilon inside RMSNorm (default: the preset's)."""
+    init_std: float | None = _new_trajectory(None)
+    """Std of the normal init, residual projections scaled by 1/sqrt(2 n_layers) (default: the
+    preset's)."""
     out: str = _setting("runs/octlm")
     """Run folder: log.jsonl, checkpoints, snapshots."""
     data: str | None = _setting(None)  # checked through the dataset fingerprint instead
@@ -56,7 +79,14 @@ class TrainConfig:
     lr: float = _trajectory(1.5e-3)
     """Peak learning rate."""
     min_lr_ratio: float = _trajectory(0.1)
-    """Floor of the cosine as a fraction of the peak."""
+    """Floor of the schedule as a fraction of the peak."""
+    schedule: str = _new_trajectory("cosine")
+    """After warmup: cosine (half a cosine to the floor at `steps`) or wsd (warmup-stable-decay:
+    the peak held, then a decay to the floor over the last `decay_steps`)."""
+    decay_steps: int | None = _new_trajectory(None)
+    """wsd only: length of the final decay, at most steps - warmup."""
+    decay_shape: str = _new_trajectory("linear")
+    """wsd only: linear, or 1-sqrt (floor + (peak - floor) * (1 - sqrt(progress)))."""
     micro_batch: int = _trajectory(16)
     """Sequences per micro-batch."""
     accum: int = _trajectory(32)
@@ -171,11 +201,54 @@ class TrainConfig:
             f"context {self.context} exceeds the {self.model} model's {preset_context}",
             f"use --context {preset_context} or less",
         )
+        problem = shape_problem(self.shape())
+        if problem is not None:
+            raise ConfigError(*problem)
+        self._check_schedule()
         if self.stop_at is not None:
             _check(
                 _is_int(self.stop_at) and 0 < self.stop_at <= self.steps,
                 f"stop_at={self.stop_at} must be between 1 and steps={self.steps}",
             )
+
+    def _check_schedule(self) -> None:
+        _check(
+            self.schedule in SCHEDULES, f"schedule {self.schedule!r} is unknown", f"use {SCHEDULES}"
+        )
+        _check(
+            self.decay_shape in DECAY_SHAPES,
+            f"decay_shape {self.decay_shape!r} is unknown",
+            f"use one of {DECAY_SHAPES}",
+        )
+        if self.schedule != "wsd":
+            _check(
+                self.decay_steps is None and self.decay_shape == "linear",
+                f"decay_steps and decay_shape are for --schedule wsd, not {self.schedule}",
+                "add --schedule wsd, or drop --decay-steps and --decay-shape",
+            )
+            return
+        span = self.steps - self.warmup
+        _check(
+            self.decay_steps is not None,
+            "--schedule wsd needs --decay-steps",
+            "add --decay-steps N",
+        )
+        _check(
+            _is_int(self.decay_steps) and 0 < self.decay_steps <= span,
+            f"decay_steps={self.decay_steps!r} does not fit the {span} steps after warmup "
+            f"(steps {self.steps} - warmup {self.warmup})",
+            f"use --decay-steps between 1 and {span}",
+        )
+
+    def shape(self) -> dict[str, Any]:
+        """The model's resolved shape: the preset's values under the ones this config sets."""
+        from octlm.model import PRESETS  # lazy, as in __post_init__
+
+        return resolve_shape(PRESETS[self.model].to_dict(), self.to_dict())
+
+    def resolved(self) -> TrainConfig:
+        """This config with every shape key written out (what `--print-config` prints)."""
+        return self.replace(**self.shape())
 
     @property
     def tokens_per_step(self) -> int:
@@ -191,6 +264,12 @@ class TrainConfig:
         d = self.to_dict()
         for key in NON_TRAJECTORY_KEYS:
             d.pop(key)
+        from octlm.model import PRESETS  # lazy, as in __post_init__
+
+        preset = PRESETS[self.model].to_dict()
+        for key in SHAPE_KEYS:
+            if d[key] == preset[key]:  # the preset's own value: the same run as leaving it out
+                d[key] = None
         for key, default in OMITTED_AT_DEFAULT.items():
             if d[key] == default:  # absent, as in every run written before the key existed
                 d.pop(key)

@@ -272,3 +272,110 @@ def test_toml_written_by_to_toml_reads_back() -> None:
         assert table == {"repeats": 2}
         with pytest.raises(ConfigError, match="unknown key"):
             load_toml(path)  # a [sweep] table belongs to `octlm sweep` only
+
+
+# Written by octlm before the shape and schedule keys existed (commit c5245af): adding keys
+# must not move the fingerprint of a run that sets none of them.
+OLD_FINGERPRINTS = {
+    1: "723be556c9d1db7cc7b268dd713a546b7f0d7e97fcb8ac46ef245695743a15e9",  # tiny, context 64
+    2: "7c9dd663885cf6b89e3b8ccbaf15f79c44e35c3f1b769d18301a666674dc3005",  # defaults, 2 ranks
+}
+
+
+def test_new_keys_leave_the_fingerprints_of_older_runs_as_they_were() -> None:
+    assert TrainConfig(model="tiny", context=64).fingerprint_for(1) == OLD_FINGERPRINTS[1]
+    assert TrainConfig().fingerprint_for(2) == OLD_FINGERPRINTS[2]
+    explicit = {"schedule": "cosine", "decay_shape": "linear", "n_layers": None}
+    assert (
+        TrainConfig(model="tiny", context=64, **explicit).fingerprint_for(1)
+        == (OLD_FINGERPRINTS[1])
+    )
+
+
+def test_shape_resolves_to_the_preset_under_the_keys_set() -> None:
+    from octlm.model import PRESETS
+
+    tiny = PRESETS["tiny"]
+    cfg = TrainConfig(model="tiny", context=64, d_model=256, n_heads=8, rope_base=5e5)
+    shape = cfg.shape()
+    assert (shape["d_model"], shape["n_heads"], shape["rope_base"]) == (256, 8, 5e5)
+    assert (shape["n_layers"], shape["d_ff"], shape["init_std"]) == (
+        tiny.n_layers,
+        tiny.d_ff,
+        tiny.init_std,
+    )
+    resolved = cfg.resolved()
+    assert resolved.n_layers == tiny.n_layers and resolved.d_model == 256
+    assert resolved.fingerprint_for(1) == cfg.fingerprint_for(1)  # writing it out: same run
+
+
+def test_a_shape_key_joins_the_fingerprint_only_when_it_differs_from_the_preset() -> None:
+    base = TrainConfig(model="tiny", context=64)
+    wide = base.replace(d_model=256, n_heads=8)
+    assert wide.fingerprint_for(1) != base.fingerprint_for(1)
+    assert wide.trajectory()["d_model"] == 256 and "n_layers" not in wide.trajectory()
+    same = base.replace(d_model=192, n_heads=6)  # tiny's own values
+    assert same.fingerprint_for(1) == base.fingerprint_for(1)
+    assert trajectory_changes(base.trajectory(), wide.trajectory()) == [
+        "d_model: None -> 256",
+        "n_heads: None -> 8",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"d_model": 100}, "d_model 100 is not divisible by n_heads 6"),
+        (
+            {"n_heads": 4, "n_kv_heads": 3, "d_model": 192},
+            "n_heads 4 is not divisible by n_kv_heads 3",
+        ),
+        ({"d_model": 198}, "head size d_model / n_heads = 33 is odd"),
+        ({"n_layers": 0}, "n_layers=0 must be a positive integer"),
+        ({"d_ff": -4}, "d_ff=-4 must be a positive integer"),
+        ({"d_model": "256"}, "d_model='256' must be a positive integer"),
+        ({"norm_eps": 0.0}, "norm_eps=0.0 must be a positive number"),
+        ({"init_std": float("inf")}, "init_std=inf must be a positive number"),
+        ({"context": 512}, "context 512 exceeds the tiny model's 256"),
+    ],
+)
+def test_each_bad_shape_is_one_line(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        TrainConfig(**{"model": "tiny", "context": 64, **changes})
+    assert "\n" not in str(info.value)
+
+
+def test_shape_keys_come_from_toml_and_flags_win(tmp_path) -> None:
+    path = tmp_path / "shape.toml"
+    path.write_text('model = "micro"\ncontext = 32\nd_model = 64\nn_layers = 3\n')
+    cfg = make_config(path, n_layers=1)
+    assert (cfg.model, cfg.d_model, cfg.n_layers, cfg.shape()["n_heads"]) == ("micro", 64, 1, 4)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"schedule": "linear"}, "schedule 'linear' is unknown"),
+        ({"schedule": "wsd"}, "--schedule wsd needs --decay-steps"),
+        ({"schedule": "wsd", "decay_steps": 101}, "decay_steps=101 does not fit the 100 steps"),
+        ({"schedule": "wsd", "decay_steps": 0}, "decay_steps=0 does not fit"),
+        ({"schedule": "wsd", "decay_steps": 5, "decay_shape": "cos"}, "decay_shape 'cos'"),
+        ({"decay_steps": 5}, "decay_steps and decay_shape are for --schedule wsd"),
+        ({"decay_shape": "1-sqrt"}, "are for --schedule wsd, not cosine"),
+    ],
+)
+def test_each_bad_schedule_is_one_line(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        TrainConfig(steps=110, warmup=10, **changes)
+    assert "\n" not in str(info.value)
+
+
+def test_wsd_joins_the_fingerprint_and_its_decay_settings_too() -> None:
+    base = TrainConfig(model="tiny", context=64, steps=100, warmup=10)
+    wsd = base.replace(schedule="wsd", decay_steps=20)
+    prints = {
+        c.fingerprint_for(1)
+        for c in (base, wsd, wsd.replace(decay_steps=30), wsd.replace(decay_shape="1-sqrt"))
+    }
+    assert len(prints) == 4
+    assert wsd.replace(decay_steps=90).decay_steps == 90  # all of steps - warmup is allowed

@@ -22,6 +22,7 @@ from octlm.errors import OctlmError
 from octlm.hashing import file_sha256, weights_sha256
 from octlm.llama import model_config_from_hf, octlm_state_dict
 from octlm.model import GPT, PRESETS, ModelConfig
+from octlm.shape import SHAPE_KEYS
 from octlm.tokenizer import Tokenizer
 from octlm.train import checkpoint as ckpt
 
@@ -158,9 +159,22 @@ def plan_init(cfg: TrainConfig, tokenizer: Tokenizer) -> InitPlan | None:
         model_config = model_config_for(meta["model_config"], cfg, tokenizer)
         return InitPlan(model_config, None, meta.get("init_from"), [note])
     source = read_source(cfg.init_from)
+    check_shape_keys(cfg, source.shape)
     model_config = model_config_for(source.shape, cfg, tokenizer)  # the vocabulary first
     check_tokenizer(source.record, tokenizer)
     return InitPlan(model_config, source.weights, source.record, [])
+
+
+def check_shape_keys(cfg: TrainConfig, shape: dict[str, Any]) -> None:
+    """Shape keys a config sets (`--d-model`, ...) must agree with the source's: the source
+    decides the shape. Keys equal to it pass, so a `--print-config` file of the run is fine."""
+    given = {k: getattr(cfg, k) for k in SHAPE_KEYS if getattr(cfg, k) is not None}
+    wrong = [f"{k} {v} vs the source's {shape[k]}" for k, v in given.items() if v != shape[k]]
+    if wrong:
+        raise InitFromError(
+            f"--init-from {cfg.init_from} has another shape: {', '.join(wrong)}",
+            "drop those keys: the source decides the model's shape",
+        )
 
 
 def check_preset(cfg: TrainConfig) -> None:

@@ -309,11 +309,10 @@ def _build_model(
     cfg: TrainConfig, tokenizer: Tokenizer, init: InitPlan | None
 ) -> tuple[ModelConfig, GPT]:
     """The seeded model, with the --init-from weights copied in (on the CPU, before wrapping)."""
-    # The vocabulary always comes from the data's tokenizer, the context from the config; with
-    # --init-from the rest of the shape is the source's.
-    model_config = init.model_config if init else preset(
-        cfg.model, vocab_size=tokenizer.vocab_size, context=cfg.context, dropout=cfg.dropout
-    )  # fmt: skip
+    # The vocabulary always comes from the data's tokenizer, the context from the config; the
+    # rest of the shape from the --init-from source, else the preset under the config's keys.
+    sizes = {"vocab_size": tokenizer.vocab_size, "context": cfg.context, "dropout": cfg.dropout}
+    model_config = init.model_config if init else preset(cfg.model, **sizes, **cfg.shape())
     # Seeded right before the model is built: its init is a function of the seed alone. Nothing
     # above draws from a generator, and a resume overwrites every generator last.
     seed_everything(cfg.seed)

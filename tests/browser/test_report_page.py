@@ -202,10 +202,13 @@ def test_schedule_sliders_redraw_and_match_python(browser, report) -> None:
     page = seen.page
     tiny = page.locator("#sched-preset option", has_text="tiny (").get_attribute("value")
     page.select_option("#sched-preset", tiny)
-    cfg = {"lr": 3e-3, "warmup": 20, "steps": 200, "min_lr_ratio": 0.1}
-    steps = [0, 19, 20, 21, 110, 199, 200, 300]
-    in_browser = page.evaluate("([c, s]) => s.map((k) => learningRate(k, c))", [cfg, steps])
-    assert in_browser == [learning_rate(s, SimpleNamespace(**cfg)) for s in steps]
+    cosine = {"lr": 3e-3, "warmup": 20, "steps": 200, "min_lr_ratio": 0.1, "schedule": "cosine"}
+    wsd = {**cosine, "schedule": "wsd", "decay_steps": 50, "decay_shape": "1-sqrt"}
+    steps = [0, 19, 20, 21, 110, 149, 150, 151, 175, 199, 200, 300]
+    for cfg in (cosine, wsd):
+        in_browser = page.evaluate("([c, s]) => s.map((k) => learningRate(k, c))", [cfg, steps])
+        full = {"decay_steps": None, "decay_shape": "linear", **cfg}
+        assert in_browser == [learning_rate(s, SimpleNamespace(**full)) for s in steps]
     path = page.locator("#chart-sched path.series")
     before = path.get_attribute("d")
     for _ in range(5):
@@ -216,6 +219,16 @@ def test_schedule_sliders_redraw_and_match_python(browser, report) -> None:
     page.locator("#sched-warmup").press("End")  # warmup = steps: all ramp, no cosine
     assert path.get_attribute("d") not in (before, after)
     assert page.locator("#sched-warmup-out").inner_text() == "200"
+    page.locator("#sched-warmup").press("Home")  # warmup 0: all 200 steps after it
+    assert page.locator("#sched-decay").is_disabled()  # a cosine has no decay steps
+    cosine_path = path.get_attribute("d")
+    page.select_option("#sched-kind", "wsd")  # the peak held, then the last fifth decays
+    assert not page.locator("#sched-decay").is_disabled()
+    assert page.locator("#sched-decay-out").inner_text() == "40"
+    linear = path.get_attribute("d")
+    page.select_option("#sched-shape", "1-sqrt")
+    assert len({cosine_path, linear, path.get_attribute("d")}) == 3
+    assert "decay starts" in page.locator("#chart-sched").inner_text()
     assert seen.errors == []
     page.close()
 

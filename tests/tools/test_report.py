@@ -20,7 +20,7 @@ from octlm.cli import main
 from octlm.config import load_toml
 from octlm.runlog import RunLog
 from octlm.tools.report import report as page
-from octlm.tools.report.presets import schedule_defaults, schedule_presets
+from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets
 from octlm.tools.report.runs import load_run, load_runs
 from octlm.train.schedule import learning_rate
 
@@ -57,7 +57,12 @@ def js_rates(cases: list[tuple[dict, int]]) -> list[float]:
 
 def schedule(path: Path) -> dict:
     values = {**schedule_defaults(), **load_toml(path)}
-    return {k: values[k] for k in ("lr", "warmup", "steps", "min_lr_ratio")}
+    return {k: values[k] for k in SCHEDULE_KEYS}
+
+
+def full(cfg: dict) -> dict:
+    """A schedule as the page holds one: every key, cosine unless it says otherwise."""
+    return {**schedule_defaults(), **cfg}
 
 
 def edge_steps(cfg: dict) -> list[int]:
@@ -73,10 +78,17 @@ EDGE_CONFIGS = [
     {"lr": 3e-3, "warmup": 7, "steps": 33, "min_lr_ratio": 1.0},  # flat after warmup
     {"lr": 1, "warmup": 3, "steps": 9, "min_lr_ratio": 0},  # integers, as TOML may give them
 ]
+WSD = {"schedule": "wsd"}
+WSD_CONFIGS = [
+    {"lr": 1e-3, "warmup": 10, "steps": 110, "min_lr_ratio": 0.1, **WSD, "decay_steps": 40},
+    {"lr": 3e-3, "warmup": 7, "steps": 33, "min_lr_ratio": 0.0, **WSD, "decay_steps": 26},
+    {"lr": 1, "warmup": 0, "steps": 9, "min_lr_ratio": 0, **WSD, "decay_steps": 1},  # integers
+]
+WSD_CONFIGS += [{**c, "decay_shape": "1-sqrt"} for c in WSD_CONFIGS]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [schedule(p) for p in SHIPPED] + EDGE_CONFIGS)
+@pytest.mark.parametrize("cfg", [schedule(p) for p in SHIPPED] + list(map(full, EDGE_CONFIGS)))
 def test_js_learning_rate_equals_python_exactly_at_the_edges(cfg: dict) -> None:
     steps = edge_steps(cfg)
     expected = [learning_rate(s, SimpleNamespace(**cfg)) for s in steps]
@@ -92,6 +104,23 @@ def test_js_learning_rate_within_1e15_at_every_step_of_the_shipped_configs() -> 
     for (cfg, s), js in zip(cases, got, strict=True):
         py = learning_rate(s, SimpleNamespace(**cfg))
         assert abs(js - py) <= 1e-15 * abs(py), (cfg, s, js, py)
+
+
+@pytest.mark.slow
+def test_js_wsd_equals_python_exactly_at_every_step() -> None:
+    # Only + - * / and sqrt, all correctly rounded in both languages: no tolerance at all.
+    cases = [(full(c), s) for c in WSD_CONFIGS for s in range(c["steps"] + 3)]
+    expected = [learning_rate(s, SimpleNamespace(**c)) for c, s in cases]
+    assert js_rates(cases) == expected
+    assert len(set(expected)) > 20  # warmup, stable and both decays, not one constant
+
+
+def test_a_wsd_run_is_a_playground_preset_with_its_decay() -> None:
+    wsd = {"steps": 50, "warmup": 5, "schedule": "wsd", "decay_steps": 10, "decay_shape": "1-sqrt"}
+    data = page.page_data([{"name": "w", "path": "/w", "config": wsd}], "t")
+    preset = data["presets"][0]
+    assert preset["name"] == "run: w"
+    assert {k: preset[k] for k in wsd} == wsd
 
 
 def test_every_shipped_config_is_a_preset_with_its_schedule() -> None:

@@ -76,3 +76,55 @@ def test_schedule_is_a_pure_function_of_the_step() -> None:
     first = [learning_rate(s, c) for s in range(0, 150, 7)]
     learning_rate(1000, c)
     assert [learning_rate(s, c) for s in range(0, 150, 7)] == first
+
+
+def wsd(**changes) -> TrainConfig:
+    return cfg(**{"schedule": "wsd", "decay_steps": 40, **changes})  # decay from step 70
+
+
+@pytest.mark.parametrize(
+    ("shape", "step", "expected"),
+    [
+        ("linear", 0, 1e-4),  # the warmup is the cosine's
+        ("linear", 10, 1e-3),  # stable: the peak from the end of warmup ...
+        ("linear", 69, 1e-3),
+        ("linear", 70, 1e-3),  # ... to the decay's first step (progress 0)
+        ("linear", 80, 0.0007750000000000001),  # floor + 0.75 * (peak - floor)
+        ("linear", 90, 0.00055),  # the decay's midpoint
+        ("linear", 109, 0.00012250000000000002),  # the last step, just above the floor
+        ("linear", 110, 1e-4),  # the floor at `steps`
+        ("linear", 200, 1e-4),  # flat past the end
+        ("1-sqrt", 80, 0.00055),  # 1 - sqrt(0.25) = 0.5: half-way down after a quarter
+        ("1-sqrt", 90, 0.0003636038969321072),
+        ("1-sqrt", 100, 0.00022057713659400527),
+        ("1-sqrt", 109, 0.00011132120538408257),
+        ("1-sqrt", 110, 1e-4),
+    ],
+)
+def test_wsd_matches_pinned_values(shape: str, step: int, expected: float) -> None:
+    assert learning_rate(step, wsd(decay_shape=shape)) == expected  # the same double
+
+
+def test_wsd_closed_forms() -> None:
+    floor, span = PEAK * 0.1, PEAK * 0.9
+    for s in range(70, 111):
+        p = (s - 70) / 40
+        lin, root = learning_rate(s, wsd()), learning_rate(s, wsd(decay_shape="1-sqrt"))
+        assert lin == pytest.approx(floor + span * (1 - p), rel=1e-15)
+        assert root == pytest.approx(floor + span * (1 - math.sqrt(p)), rel=1e-15)
+
+
+def test_wsd_stable_part_does_not_depend_on_the_run_length() -> None:
+    """Why WSD: a run extended (more steps) before its decay trains with the same rates up to
+    the point it branched, so its checkpoint from the stable part is a valid start."""
+    short, long = wsd(), wsd(steps=1000)
+    assert [learning_rate(s, short) for s in range(70)] == [
+        learning_rate(s, long) for s in range(70)
+    ]
+
+
+def test_wsd_decay_over_everything_after_warmup_starts_at_the_peak() -> None:
+    c = wsd(decay_steps=100)
+    assert learning_rate(10, c) == PEAK
+    rates = [learning_rate(s, c) for s in range(10, 111)]  # strictly down to the floor at 110
+    assert all(b < a for a, b in zip(rates, rates[1:], strict=False)) and rates[-1] == PEAK / 10

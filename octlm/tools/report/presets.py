@@ -1,4 +1,5 @@
-"""Schedule presets for the playground: lr, warmup, steps and min_lr_ratio of each config.
+"""Schedule presets for the playground: lr, warmup, steps, min_lr_ratio and the schedule's kind
+(cosine, or wsd with its decay_steps and decay_shape) of each config.
 
 Read at report time from the project's `configs/*.toml` (beside the package in a checkout, or
 under the current folder), keys a file leaves out taking TrainConfig's defaults.
@@ -12,7 +13,7 @@ from typing import Any
 
 from octlm.config import ConfigError, TrainConfig, load_toml
 
-SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio")
+SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio", "schedule", "decay_steps", "decay_shape")
 REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
@@ -32,11 +33,17 @@ def config_dirs() -> list[Path]:
 
 
 def schedule_of(values: dict[str, Any]) -> dict[str, Any] | None:
-    """The four schedule settings over the defaults; None if one is not a usable number."""
+    """The schedule settings over the defaults; None if one is not usable (the page would draw
+    nonsense where the trainer refuses)."""
     merged = {**schedule_defaults(), **{k: values[k] for k in SCHEDULE_KEYS if k in values}}
     ints_ok = all(_is_int(merged[k]) and merged[k] >= 0 for k in ("warmup", "steps"))
     floats_ok = all(_is_number(merged[k]) for k in ("lr", "min_lr_ratio"))
     if not (ints_ok and floats_ok and merged["steps"] > 0):
+        return None
+    if merged["schedule"] not in ("cosine", "wsd"):
+        return None
+    decay = merged["decay_steps"]
+    if merged["schedule"] == "wsd" and not (_is_int(decay) and 0 < decay <= merged["steps"]):
         return None
     return {**merged, "lr": float(merged["lr"]), "min_lr_ratio": float(merged["min_lr_ratio"])}
 

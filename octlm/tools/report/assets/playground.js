@@ -13,16 +13,26 @@ function setupSchedule(presets) {
   const $ = (id) => document.getElementById(id);
   const select = $("sched-preset");
   const sliders = { lr: $("sched-lr"), floor: $("sched-floor"), warmup: $("sched-warmup"),
-    steps: $("sched-steps") };
+    steps: $("sched-steps"), decay: $("sched-decay") };
+  const kind = $("sched-kind");
+  const shape = $("sched-shape");
   const maxSteps = Math.max(5000, ...presets.map((p) => p.steps));
   sliders.steps.max = String(maxSteps);
-  let cfg = { lr: 1e-3, warmup: 0, steps: 100, min_lr_ratio: 0.1 };
+  let cfg = { lr: 1e-3, warmup: 0, steps: 100, min_lr_ratio: 0.1, schedule: "cosine",
+    decay_steps: null, decay_shape: "linear" };
+  // WSD's decay fits after warmup, as the trainer demands; a cosine run keeps none.
+  const fitDecay = () => {
+    const span = Math.max(1, cfg.steps - cfg.warmup);
+    if (cfg.schedule !== "wsd") cfg.decay_steps = null;
+    else cfg.decay_steps = Math.min(span, cfg.decay_steps || Math.max(1, Math.round(span / 5)));
+  };
 
   const outputs = () => {
     $("sched-lr-out").textContent = fmtValue(cfg.lr);
     $("sched-floor-out").textContent = fmtValue(cfg.min_lr_ratio);
     $("sched-warmup-out").textContent = String(cfg.warmup);
     $("sched-steps-out").textContent = String(cfg.steps);
+    $("sched-decay-out").textContent = cfg.schedule === "wsd" ? String(cfg.decay_steps) : "-";
   };
   // Sliders follow the settings; a preset's exact values stay until a slider is moved.
   const syncSliders = () => {
@@ -31,6 +41,11 @@ function setupSchedule(presets) {
     sliders.warmup.max = String(cfg.steps);
     sliders.warmup.value = String(cfg.warmup);
     sliders.steps.value = String(cfg.steps);
+    kind.value = cfg.schedule;
+    shape.value = cfg.decay_shape;
+    sliders.decay.max = String(Math.max(1, cfg.steps - cfg.warmup));
+    sliders.decay.value = String(cfg.decay_steps || 1);
+    sliders.decay.disabled = shape.disabled = cfg.schedule !== "wsd";
   };
   const draw = () => {
     outputs();
@@ -41,7 +56,7 @@ function setupSchedule(presets) {
       xLabel: "step", yLabel: "learning rate", yZero: true, xInt: true, height: 250,
       series: [{ name: "lr", color: "#1f5fbf", kind: "line", width: 2, xs, ys: rates }],
       hlines: [{ y: cfg.lr * cfg.min_lr_ratio, color: "#8a94a6", label: "floor" }],
-      vlines: cfg.warmup > 0 && cfg.warmup < cfg.steps ? [{ x: cfg.warmup, label: "cosine starts" }] : [],
+      vlines: scheduleMarks(cfg),
     });
     const peakStep = cfg.warmup > 0 ? cfg.warmup - 1 : 0;
     $("sched-readout").textContent =
@@ -50,7 +65,9 @@ function setupSchedule(presets) {
       ` · floor ${fmtValue(cfg.lr * cfg.min_lr_ratio)} from step ${cfg.steps} on`;
   };
   const choose = (p) => {
-    cfg = { lr: p.lr, warmup: p.warmup, steps: p.steps, min_lr_ratio: p.min_lr_ratio };
+    cfg = { lr: p.lr, warmup: p.warmup, steps: p.steps, min_lr_ratio: p.min_lr_ratio,
+      schedule: p.schedule || "cosine", decay_steps: p.decay_steps ?? null,
+      decay_shape: p.decay_shape || "linear" };
     syncSliders();
     draw();
   };
@@ -58,7 +75,8 @@ function setupSchedule(presets) {
   select.replaceChildren(...presets.map((p, i) => {
     const o = document.createElement("option");
     o.value = String(i);
-    o.textContent = `${p.name} (lr ${p.lr}, warmup ${p.warmup}, steps ${p.steps})`;
+    const wsd = p.schedule === "wsd" ? `, wsd decay ${p.decay_steps}` : "";
+    o.textContent = `${p.name} (lr ${p.lr}, warmup ${p.warmup}, steps ${p.steps}${wsd})`;
     o.title = p.source;
     return o;
   }));
@@ -73,12 +91,29 @@ function setupSchedule(presets) {
   });
   sliders.warmup.addEventListener("input", () => {
     cfg.warmup = Math.min(Number(sliders.warmup.value), cfg.steps);
+    fitDecay();
+    syncSliders();
     draw();
   });
   sliders.steps.addEventListener("input", () => {
     cfg.steps = Number(sliders.steps.value);
     cfg.warmup = Math.min(cfg.warmup, cfg.steps); // as the trainer demands: warmup <= steps
+    fitDecay();
     syncSliders();
+    draw();
+  });
+  kind.addEventListener("change", () => {
+    cfg.schedule = kind.value;
+    fitDecay();
+    syncSliders();
+    draw();
+  });
+  sliders.decay.addEventListener("input", () => {
+    cfg.decay_steps = Number(sliders.decay.value);
+    draw();
+  });
+  shape.addEventListener("change", () => {
+    cfg.decay_shape = shape.value;
     draw();
   });
   // The reported run's own schedule first, else the tiny config (the one a CPU can run).
@@ -88,6 +123,18 @@ function setupSchedule(presets) {
     select.value = String(start);
     choose(presets[start]);
   } else draw();
+}
+
+// Where the schedule changes course: the end of warmup, and for WSD the start of the decay.
+function scheduleMarks(cfg) {
+  const marks = [];
+  const wsd = cfg.schedule === "wsd";
+  if (cfg.warmup > 0 && cfg.warmup < cfg.steps) {
+    marks.push({ x: cfg.warmup, label: wsd ? "stable starts" : "cosine starts" });
+  }
+  const start = cfg.steps - (cfg.decay_steps || 0);
+  if (wsd && start > cfg.warmup) marks.push({ x: start, label: "decay starts" });
+  return marks;
 }
 
 function setupClipping() {

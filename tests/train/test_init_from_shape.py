@@ -1,0 +1,22 @@
+"""--init-from with shape keys: the source decides the shape; keys that agree with it pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from octlm.config import TrainConfig
+from octlm.model import PRESETS
+from octlm.train.init_from import InitFromError, check_shape_keys
+
+SOURCE = PRESETS["tiny"].to_dict()
+
+
+def test_shape_keys_equal_to_the_source_pass():
+    check_shape_keys(TrainConfig(init_from="src", d_model=SOURCE["d_model"]), SOURCE)
+    check_shape_keys(TrainConfig(init_from="src"), SOURCE)
+
+
+def test_a_shape_key_that_contradicts_the_source_is_refused_naming_it():
+    cfg = TrainConfig(init_from="src", model="tiny", context=64, n_layers=SOURCE["n_layers"] + 2)
+    with pytest.raises(InitFromError, match=r"has another shape: n_layers 6 vs the source's 4"):
+        check_shape_keys(cfg, SOURCE)
