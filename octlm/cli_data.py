@@ -4,6 +4,7 @@ and catches their errors)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from octlm.data.scan import documents
 from octlm.data.sources import ReadOptions, find_sources
 from octlm.data.split import DEFAULT_VAL_FRACTION, DEFAULT_VAL_TOKENS, SplitRule
 from octlm.errors import OctlmError
-from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, check_vocab_size
+from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
 
 _MAX_CHARS = f"{DEFAULT_TOKENIZER_MAX_CHARS:.0e}".replace("e+0", "e")
 
@@ -39,17 +40,13 @@ def _read_options(args: argparse.Namespace) -> ReadOptions:
     return ReadOptions(text_field=args.text_field, split_on=args.split_on)
 
 
-def _capped(args: argparse.Namespace, counts: dict[str, int]) -> Any:
-    """Texts of every document, each cut to --doc-cap, until --max-chars."""
-    left = args.max_chars
-    for doc in documents(find_sources(args.inputs), _read_options(args)):
-        text = doc.text[: min(args.doc_cap, left)]
-        left -= len(text)
+def _capped(args: argparse.Namespace, counts: dict[str, int]) -> Iterator[str]:
+    """Texts of every document, through `tokenizer.capped_sample` (--max-chars, --doc-cap)."""
+    texts = (d.text for d in documents(find_sources(args.inputs), _read_options(args)))
+    for text in capped_sample(texts, args.max_chars, args.doc_cap):
         counts["documents"] += 1
         counts["chars"] += len(text)
         yield text
-        if left <= 0:
-            return
 
 
 def _cmd_tokenizer_train(args: argparse.Namespace) -> int:

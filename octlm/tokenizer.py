@@ -8,7 +8,7 @@ file is a standard `tokenizer.json`; `fingerprint` is the sha256 of its bytes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +131,15 @@ def check_vocab_size(vocab_size: int) -> None:
         )
     if vocab_size > 2**32:
         raise TokenizerError(f"vocabulary size {vocab_size} is too large", "use at most 2**32")
+
+
+def capped_sample(texts: Iterable[str], max_chars: int, doc_cap: int) -> Iterator[str]:
+    """A tokenizer's sample: each text cut to `doc_cap` characters, until `max_chars` are taken
+    (the last one cut to fit). `octlm prepare` and `octlm tokenizer train` share it."""
+    left = max_chars
+    for text in texts:
+        text = text[: min(doc_cap, left)]
+        left -= len(text)
+        yield text
+        if left <= 0:
+            return

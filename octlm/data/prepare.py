@@ -45,7 +45,7 @@ from octlm.data.workers import ChunkEncoder, check_workers, default_workers
 from octlm.data.writer import SPOOL_NAME, SplitOut, Spool, write_splits
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
-from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, check_vocab_size
+from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 DEFAULT_TOKENIZER_MAX_CHARS = 2_000_000_000
@@ -202,18 +202,15 @@ def _plan(sources: Sequence[Source], cfg: PrepareConfig, scan: Scan) -> Plan:
 
 
 def _sample(cfg: PrepareConfig, sources: Sequence[Source], plan: Plan, bar: tqdm) -> Iterator[str]:
-    """The tokenizer's sample: training documents in input order, each cut to the document
-    cap, until the character budget is spent (the last one cut to fit)."""
-    left = cfg.tokenizer_max_chars
-    for index, doc in enumerate(documents(sources, cfg.read)):
-        if plan.labels[index] != TRAIN:
-            continue
-        text = doc.text[: min(cfg.tokenizer_doc_cap, left)]
-        left -= len(text)
+    """The training documents in input order, through `capped_sample`."""
+    train = (
+        doc.text
+        for index, doc in enumerate(documents(sources, cfg.read))
+        if plan.labels[index] == TRAIN
+    )
+    for text in capped_sample(train, cfg.tokenizer_max_chars, cfg.tokenizer_doc_cap):
         bar.update(len(text))
         yield text
-        if left <= 0:
-            return
 
 
 def _train_tokenizer(

@@ -28,7 +28,7 @@ TABLE_SUFFIXES = {".parquet": PARQUET, ".arrow": ARROW, ".feather": ARROW}
 MAX_DOCUMENT_CHARS = 1 << 26
 """64 Mi characters: the longest document a reader will hold (a bound on memory per document)."""
 _READ_BYTES = 1 << 20
-_EMBEDDED = "shakespeare.jsonl.xz"
+EMBEDDED_NAME = "shakespeare.jsonl.xz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +57,8 @@ class Source:
 
 
 def embedded_source() -> Source:
-    path = Path(str(resources.files("octlm").joinpath("assets").joinpath(_EMBEDDED)))
-    return Source(path, _EMBEDDED, JSONL, "xz", path.stat().st_size)
+    path = Path(str(resources.files("octlm").joinpath("assets").joinpath(EMBEDDED_NAME)))
+    return Source(path, EMBEDDED_NAME, JSONL, "xz", path.stat().st_size)
 
 
 def classify(path: Path, name: str) -> Source:

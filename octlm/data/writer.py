@@ -79,18 +79,16 @@ class Spool:
 
     def __init__(self, path: Path, dtype: np.dtype) -> None:
         self.path, self.dtype = path, dtype
-        self.entries: list[tuple[str, int, int, int]] = []  # id, text bytes, offset, length
+        self.entries: list[tuple[str, int, int]] = []  # id, text bytes, length
         self.ranks: list[int] = []
         self._file: Any = None
-        self._offset = 0
 
     def add(self, rank: int, doc_id: str, text_bytes: int, tokens: np.ndarray) -> None:
         if self._file is None:
             self._file = open(self.path, "wb")  # noqa: SIM115 (closed in read_back)
         self._file.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
-        self.entries.append((doc_id, text_bytes, self._offset, len(tokens)))
+        self.entries.append((doc_id, text_bytes, len(tokens)))
         self.ranks.append(rank)
-        self._offset += len(tokens)
 
     def read_back(self) -> Iterator[tuple[int, str, int, np.ndarray]]:
         """(position, id, text bytes, tokens) of each candidate, in input order."""
@@ -99,7 +97,7 @@ class Spool:
         self._file.close()
         # Plain reads, in the order written: a memmap's pages would count in the resident set.
         with open(self.path, "rb") as f:
-            for position, (doc_id, text_bytes, _, length) in enumerate(self.entries):
+            for position, (doc_id, text_bytes, length) in enumerate(self.entries):
                 yield position, doc_id, text_bytes, np.fromfile(f, self.dtype, count=length)
         self.path.unlink()
 
@@ -148,7 +146,7 @@ def write_splits(
             i = j
     if not spool.entries:
         return False
-    lengths_of = [length for _, _, _, length in spool.entries]
+    lengths_of = [length for _, _, length in spool.entries]
     chosen = take_tokens(spool.ranks, lengths_of, val_tokens or 0)
     short = plan.cut_by_chars and sum(lengths_of[i] for i in chosen) < (val_tokens or 0)
     for position, doc_id, text_bytes, tokens in spool.read_back():
