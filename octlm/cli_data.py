@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from octlm.data.pairs import FORMAT, PairsConfig, prepare_pairs
+from octlm.data.pairs import summary_lines as pairs_summary_lines
 from octlm.data.prepare import (
     DEFAULT_SHARD_TOKENS,
     DEFAULT_TOKENIZER_DOC_CAP,
@@ -78,7 +80,50 @@ def _split_rule(args: argparse.Namespace) -> SplitRule:
     return SplitRule(val_fraction=given[0], val_docs=given[1], val_tokens=given[2])
 
 
+def _cmd_prepare_pairs(args: argparse.Namespace) -> int:
+    fix = f"drop it: --format {FORMAT} reads two JSON fields and keeps its tokenizer's vocabulary"
+    for flag, value in (("--split-on", args.split_on), ("--vocab-size", args.vocab_size)):
+        if value is not None:
+            raise OctlmError(f"{flag} has no effect with --format {FORMAT}", fix)
+    if args.text_field != "text":
+        raise OctlmError(
+            f"--text-field has no effect with --format {FORMAT}",
+            "name the fields with --prompt-field and --completion-field",
+        )
+    if not args.tokenizer:
+        raise OctlmError(
+            f"--format {FORMAT} needs --tokenizer: a fine-tune keeps its base model's vocabulary",
+            "pass the base run's tokenizer, e.g. --tokenizer data/base/tokenizer.json",
+        )
+    split = (
+        SplitRule(val_tokens=None)
+        if all(v is None for v in (args.val_fraction, args.val_docs, args.val_tokens))
+        else _split_rule(args)
+    )
+    cfg = PairsConfig(
+        out=Path(args.out),
+        inputs=tuple(args.inputs),
+        tokenizer=Path(args.tokenizer),
+        prompt_field=args.prompt_field,
+        completion_field=args.completion_field,
+        split=split,
+        context=args.context,
+        shard_tokens=args.shard_tokens,
+        force=args.force,
+    )
+    manifest = prepare_pairs(cfg)
+    print("\n".join(pairs_summary_lines(manifest, cfg.out)))
+    return 0
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
+    if args.format == FORMAT:
+        return _cmd_prepare_pairs(args)
+    if args.prompt_field != "prompt" or args.completion_field != "completion":
+        raise OctlmError(
+            "--prompt-field/--completion-field need --format prompt-completion",
+            "add --format prompt-completion, or drop them",
+        )
     if args.tokenizer and args.vocab_size is not None:
         raise OctlmError(
             "--vocab-size has no effect with --tokenizer (its vocabulary is fixed)",
@@ -129,7 +174,16 @@ def add_data_commands(sub: Any) -> None:
     pr = sub.add_parser("prepare", help="tokenize a corpus into train/val token shards")
     pr.add_argument("inputs", nargs="*", help=f"{inputs} (default: the embedded corpus)")
     pr.add_argument("--out", required=True, help="dataset folder to create")
+    kinds = (
+        "text: documents to pretrain on (default); prompt-completion: JSON lines of "
+        "prompt/completion pairs, the prompt masked out of the loss (docs/finetune.md)"
+    )
+    pr.add_argument("--format", choices=("text", FORMAT), default="text", help=kinds)
     _add_read_flags(pr)
+    pr.add_argument("--prompt-field", default="prompt", help="with --format prompt-completion")
+    pr.add_argument(
+        "--completion-field", default="completion", help="with --format prompt-completion"
+    )
     pr.add_argument("--tokenizer", help="use this tokenizer.json instead of training one")
     vocab = f"vocabulary size of the tokenizer trained here (default: {DEFAULT_VOCAB_SIZE})"
     pr.add_argument("--vocab-size", type=count, default=None, help=vocab)

@@ -17,6 +17,7 @@ from torch import nn
 
 from octlm.data.blocks import TokenBlocks
 from octlm.data.order import validation_starts, windows
+from octlm.data.packing import PackedWindows
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.device import autocast
 from octlm.model import GPT, IGNORE_INDEX
@@ -38,6 +39,14 @@ def stream_batches(
     for i in range(0, len(starts), micro_batch):
         block = windows(stream, starts[i : i + micro_batch], context + 1)
         yield block[:, :-1], block[:, 1:]
+
+
+def packed_batches(
+    packed: PackedWindows, ks: np.ndarray, micro_batch: int
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """(inputs, targets, segments) of packed windows `ks`, `micro_batch` at a time."""
+    for i in range(0, len(ks), micro_batch):
+        yield packed.batch(ks[i : i + micro_batch])
 
 
 def block_batches(
@@ -74,9 +83,14 @@ class ValidationSet:
     stream: TokenStream | None = None
     starts: np.ndarray | None = None
     blocks: TokenBlocks | None = None
+    packed: PackedWindows | None = None
+    """Packed prompt/completion windows: `starts` then numbers the windows to score."""
 
-    def batches(self, rank: int = 0, world: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, rank: int = 0, world: int = 1) -> Iterator[tuple[torch.Tensor, ...]]:
         """This rank's share: every world-th window (or block), from the rank-th."""
+        if self.packed is not None:
+            assert self.starts is not None
+            return packed_batches(self.packed, self.starts[rank::world], self.micro_batch)
         if self.blocks is not None:
             return block_batches(self.blocks.shard(rank, world), self.micro_batch)
         assert self.stream is not None and self.starts is not None
@@ -118,9 +132,21 @@ def evaluate_split(
     (0: the whole split), at the model's context, on the model's device."""
     context = model.config.context
     stream = dataset.val if split == "val" else dataset.train
+    device = next(model.parameters()).device
+    if dataset.masked:  # prompt/completion: the split's packed windows, prompts unscored
+        mask = dataset.val_mask if split == "val" else dataset.train_mask
+        assert mask is not None
+        packed = PackedWindows.build(stream, mask, context)
+        n = min(batches * micro_batch, len(packed)) if batches else len(packed)
+        return evaluate_batches(
+            model,
+            packed_batches(packed, np.arange(n), micro_batch),
+            token_bytes=token_bytes,
+            device=device,
+            dtype=dtype,
+        )
     n = batches * micro_batch if batches else len(stream)
     starts = validation_starts(len(stream), context, n)
-    device = next(model.parameters()).device
     return evaluate(
         model,
         stream,
@@ -136,7 +162,7 @@ def evaluate_split(
 @torch.no_grad()
 def evaluate_batches(
     model: nn.Module,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[tuple[torch.Tensor, ...]],
     *,
     token_bytes: np.ndarray,
     device: torch.device,
@@ -156,9 +182,10 @@ def evaluate_batches(
     n_bytes = 0
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        for x, y in batches:
+        for batch in batches:  # (inputs, targets[, segments])
+            y = batch[1]
             with autocast(device, dtype):
-                loss_sum, count = model(x.to(device), y.to(device))
+                loss_sum, count = model(*(t.to(device) for t in batch))
             nats += loss_sum.double()
             count_total += count
             n_bytes += int(table[y[y != IGNORE_INDEX]].sum())  # y is on the host: no sync

@@ -179,6 +179,25 @@ class RotaryEmbedding(nn.Module):
     def forward(self, seq_len: int) -> tuple[Tensor, Tensor]:
         return self.cos[:seq_len], self.sin[:seq_len]
 
+    def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Tables at per-row `positions` (B, T), shaped (B, 1, T, D) to broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def segment_attention(segments: Tensor) -> tuple[Tensor, Tensor]:
+    """For packed rows (B, T) of contiguous segment ids: the attention mask (B, 1, T, T), True
+    where a query may attend (earlier or same position, same segment), and each position's
+    index inside its segment (B, T), where RoPE restarts. A packed example is then computed as
+    it would be alone, up to the rounding of a masked kernel."""
+    B, T = segments.shape
+    index = torch.arange(T, device=segments.device)
+    same = segments.unsqueeze(2) == segments.unsqueeze(1)  # (B, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return (same & causal).unsqueeze(1), index - first
+
 
 class Attention(nn.Module):
     """Causal grouped-query self-attention with RoPE on q and k."""
@@ -196,7 +215,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.n_heads * config.head_dim, d, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
@@ -204,9 +223,14 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         dropout_p = self.dropout_p if self.training else 0.0
         # enable_gqa lets sdpa share each kv head across n_heads // n_kv_heads query heads.
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=True
-        )  # (B, H, T, D)
+        if mask is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=True
+            )  # (B, H, T, D)
+        else:  # packed examples: causal within each segment (`segment_attention`)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
+            )
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, C)
         return self.resid_dropout(self.wo(y))
 
@@ -235,8 +259,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -269,13 +293,15 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, mean=0.0, std=resid_std, generator=generator)
 
     def forward(
-        self, inputs: Tensor, targets: Tensor | None = None
+        self, inputs: Tensor, targets: Tensor | None = None, segments: Tensor | None = None
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Logits (B, T, V) without targets; with targets, (loss_sum, n_targets).
 
         loss_sum is the float32 SUM of token cross-entropies over targets != IGNORE_INDEX and
         n_targets the int64 count of those targets. The caller divides the summed loss by the
-        step's total count, so gradient accumulation yields the true masked mean.
+        step's total count, so gradient accumulation yields the true masked mean. `segments`
+        (B, T), for rows of packed examples, keeps each example's attention and RoPE positions
+        to itself; without it every row is one causal sequence (the pretraining path).
         """
         if inputs.ndim != 2:
             raise ValueError(f"inputs must have shape (B, T), got {tuple(inputs.shape)}")
@@ -286,9 +312,18 @@ class GPT(nn.Module):
                 "input or build the model with a larger context"
             )
         h = self.tok_embeddings(inputs)  # (B, T, C)
-        cos, sin = self.rope(seq_len)
+        mask = None
+        if segments is None:
+            cos, sin = self.rope(seq_len)
+        else:
+            if segments.shape != inputs.shape:
+                raise ValueError(
+                    f"segments shape {tuple(segments.shape)} != inputs shape {tuple(inputs.shape)}"
+                )
+            mask, positions = segment_attention(segments)
+            cos, sin = self.rope.at(positions)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         h = self.norm(h)
         logits = F.linear(h, self.tok_embeddings.weight)  # (B, T, V), tied output layer
         if targets is None:

@@ -1,8 +1,8 @@
 """Compressed corpus files, read as one decompressed byte stream: gzip, xz and bzip2 from the
 stdlib, zstd with `zstandard` (the `octlm[data]` extra).
 
-A stream that ends early or holds garbage raises one of `CODEC_ERRORS`; `sources.py` turns it
-into a one-line error naming the file.
+A stream that ends early or holds garbage raises one of `CODEC_ERRORS`; `codec_errors_named`
+turns it into a one-line error naming the file.
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ import gzip
 import io
 import lzma
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, BinaryIO
 
+from octlm.errors import DataError
 from octlm.extras import require
 
 COMPRESSIONS = {".gz": "gzip", ".xz": "xz", ".bz2": "bz2", ".zst": "zstd"}
@@ -25,6 +29,20 @@ def is_codec_error(exc: BaseException) -> bool:
     """A decoding failure, not a failing disk: gzip's BadGzipFile and bz2's "Invalid data
     stream" are OSErrors without an errno."""
     return not isinstance(exc, OSError) or exc.errno is None
+
+
+@contextmanager
+def codec_errors_named(path: Path, compression: str | None) -> Iterator[None]:
+    """A truncated or corrupt stream read inside the block becomes a DataError naming `path`."""
+    try:
+        yield
+    except CODEC_ERRORS as exc:
+        if not is_codec_error(exc):
+            raise
+        raise DataError(
+            f"{path} is truncated or corrupt ({compression or 'read'}: {exc})",
+            "download or compress it again",
+        ) from None
 
 
 def open_decompressed(raw: BinaryIO, compression: str | None) -> BinaryIO:

@@ -17,6 +17,7 @@ import torch
 from octlm.config import ORDERS
 from octlm.data.blocks import TokenBlocks
 from octlm.data.epoch import sample_blocks
+from octlm.data.packing import PACKING, PackedWindows
 from octlm.data.shards import TokenStream
 
 
@@ -57,12 +58,13 @@ class Sampler:
     Order "random" draws windows at any offset; "epoch" draws each of the stream's aligned
     T + 1 blocks once per epoch (`n_positions` is then the block count). `overfit_blocks > 0`
     restricts either order to the first N aligned blocks (the first seed's memorisation
-    experiment); in-memory `TokenBlocks` are blocks already, for either order.
+    experiment); in-memory `TokenBlocks`, and the windows of packed prompt/completion examples
+    (`PackedWindows`), are blocks already, for either order.
     """
 
     def __init__(
         self,
-        stream: TokenStream | TokenBlocks,
+        stream: TokenStream | TokenBlocks | PackedWindows,
         *,
         seed: int,
         context: int,
@@ -77,9 +79,10 @@ class Sampler:
             raise ValueError(f"data order {order!r} is unknown (use one of {ORDERS})")
         self.stream, self.seed, self.context, self.order = stream, seed, context, order
         self.micro_batch, self.accum, self.rank, self.world = micro_batch, accum, rank, world
-        if isinstance(stream, TokenBlocks):  # the in-memory path: draw whole (PAD-masked) blocks
-            if stream.inputs.shape[1] != context:
-                raise ValueError(f"blocks of {stream.inputs.shape[1]} tokens, not {context}")
+        if isinstance(stream, (TokenBlocks, PackedWindows)):  # draw whole blocks / windows
+            width = stream.inputs.shape[1] if isinstance(stream, TokenBlocks) else stream.context
+            if width != context:
+                raise ValueError(f"blocks of {width} tokens, not {context}")
             self.block_stride = 1
             self.n_positions = min(overfit_blocks or len(stream), len(stream))
             return
@@ -114,9 +117,12 @@ class Sampler:
         first = step * self.global_batch + (micro * self.world + self.rank) * self.micro_batch
         return sample_blocks(self.seed, first, self.micro_batch, self.n_positions)
 
-    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), each (micro_batch, context) int64, of micro-batch `micro`."""
+    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
+        """(inputs, targets), each (micro_batch, context) int64, of micro-batch `micro`; packed
+        examples add their segments (`octlm.data.packing`)."""
         starts = self.indices(step, micro) * self.block_stride
+        if isinstance(self.stream, PackedWindows):
+            return self.stream.batch(starts)
         if isinstance(self.stream, TokenBlocks):
             index = torch.from_numpy(starts)
             return self.stream.inputs[index], self.stream.targets[index]
@@ -135,22 +141,32 @@ class Sampler:
         one). Counters, not buffers, plus one draw of the order function, so a load can prove
         it still gives the same draws. The random order's entry is the v1 one, unchanged."""
         if self.order == "random":
-            return {
+            state: dict[str, Any] = {
                 "seed": self.seed,
                 "step": step,
                 "n_positions": self.n_positions,
                 "generator": step_generator(self.seed, step).bit_generator.state,
             }
-        sample = step * self.global_batch
-        return {
-            "order": self.order,
-            "seed": self.seed,
-            "step": step,
-            "n_blocks": self.n_positions,
-            "sample": sample,
-            "epoch": sample // self.n_positions,
-            "block": int(sample_blocks(self.seed, sample, 1, self.n_positions)[0]),
-        }
+        else:
+            sample = step * self.global_batch
+            state = {
+                "order": self.order,
+                "seed": self.seed,
+                "step": step,
+                "n_blocks": self.n_positions,
+                "sample": sample,
+                "epoch": sample // self.n_positions,
+                "block": int(sample_blocks(self.seed, sample, 1, self.n_positions)[0]),
+            }
+        if isinstance(self.stream, PackedWindows):  # only then: other runs' states are as before
+            state["packing"] = self.packing()
+        return state
+
+    def packing(self) -> dict[str, Any] | None:
+        """What decides packed windows: the algorithm, the context and the layout's sha256."""
+        if not isinstance(self.stream, PackedWindows):
+            return None
+        return {"algorithm": PACKING, "context": self.context, "windows": self.stream.digest}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         """Check that `state` describes this data order at `step`; nothing else to restore."""
@@ -159,6 +175,11 @@ class Sampler:
             raise ValueError(f"the checkpoint's data order is {order}, this run's {self.order}")
         if state["step"] != step:
             raise ValueError(f"sampler state is at step {state['step']}, the run at {step}")
+        if state.get("packing") != self.packing():
+            raise ValueError(
+                "the checkpoint's packed prompt/completion windows are not this run's "
+                f"({state.get('packing')} vs {self.packing()})"
+            )
         if self.order == "random":
             self._check_random(state, step)
         else:

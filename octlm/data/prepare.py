@@ -13,8 +13,6 @@ old one.
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import shutil
 import sys
@@ -28,15 +26,14 @@ import numpy as np
 from tqdm import tqdm
 
 from octlm.data.fastbpe import use_fast_path
+from octlm.data.folder import check_out, staged, write_manifest
 from octlm.data.pool import peak_rss_mb
 from octlm.data.scan import Scan, documents, find_ids, scan_corpus
 from octlm.data.shards import (
-    MANIFEST_NAME,
     MANIFEST_VERSION,
     SPLITS,
     TOKENIZER_NAME,
     ShardWriter,
-    dataset_fingerprint,
     token_dtype,
 )
 from octlm.data.sources import ReadOptions, Source, find_sources
@@ -99,19 +96,7 @@ class PrepareStats:
 
 
 def _check_out(cfg: PrepareConfig) -> None:
-    if cfg.out.exists() and not cfg.out.is_dir():
-        raise DataError(f"--out {cfg.out} is a file", "choose a folder path")
-    if cfg.out.is_dir() and any(cfg.out.iterdir()):
-        if not cfg.force:
-            raise DataError(
-                f"{cfg.out} already exists and is not empty",
-                "choose another --out, or pass --force to replace it",
-            )
-        if not (cfg.out / MANIFEST_NAME).is_file():  # --force replaces datasets, nothing else
-            raise DataError(
-                f"{cfg.out} is not empty and holds no dataset (no {MANIFEST_NAME})",
-                "choose another --out; --force only replaces a folder `octlm prepare` wrote",
-            )
+    check_out(cfg.out, cfg.force)
     if cfg.shard_tokens < 1:
         raise DataError(f"shard size {cfg.shard_tokens} is not positive", "use e.g. 100000000")
     if cfg.context < 1:
@@ -149,19 +134,11 @@ def prepare_with_stats(
         tokenizer = _train_tokenizer(cfg, sources, plan, scan, progress)
     stats.seconds["tokenizer"] = time.perf_counter() - clock
 
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cfg.out.parent / f".{cfg.out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     clock = time.perf_counter()
-    try:
+    with staged(cfg.out) as tmp:
         encoder = ChunkEncoder(tokenizer, fast=fast, dtype=token_dtype(tokenizer.vocab_size))
         summary, stats.val_short = _encode(cfg, sources, plan, encoder, workers, tmp, progress)
         manifest = _write_manifest(cfg, tokenizer, encoder, summary, tmp)
-        _swap_into_place(tmp, cfg.out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     stats.seconds["encode"] = time.perf_counter() - clock
     # VmHWM, not ru_maxrss: that includes the memory of whatever process started this one.
     stats.peak_rss_mb = peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -299,31 +276,7 @@ def _write_manifest(
             "max_chars": cfg.tokenizer_max_chars,
             "doc_cap": cfg.tokenizer_doc_cap,
         }
-    manifest["fingerprint"] = dataset_fingerprint(manifest)
-    path = folder / MANIFEST_NAME
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return manifest
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished folder to `out`; an old dataset there is removed only afterwards."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None:  # put the old dataset back
-            os.replace(old, out)
-        raise
-    fsync_path(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    return write_manifest(folder, manifest)
 
 
 def summary_lines(

@@ -23,6 +23,9 @@ from octlm.hashing import file_sha256, sha256_json
 MAGIC = b"OCTLMTOK"
 SHARD_VERSION = 1
 MANIFEST_VERSION = 1
+MASKED_MANIFEST_VERSION = 2
+"""A dataset with a loss-mask stream (prompt/completion) is written as version 2, so an octlm
+that cannot read the mask refuses it instead of training on prompts; plain datasets stay 1."""
 HEADER_BYTES = 256
 _HEADER = struct.Struct("<8sIIQ")
 MANIFEST_NAME = "manifest.json"
@@ -113,8 +116,9 @@ def _header(itemsize: int, count: int) -> bytes:
     return _HEADER.pack(MAGIC, SHARD_VERSION, itemsize, count).ljust(HEADER_BYTES, b"\0")
 
 
-def read_shard(path: Path) -> np.ndarray:
-    """Memmap one shard's tokens after checking its header against the file size."""
+def read_shard(path: Path, itemsizes: tuple[int, ...] = (2, 4)) -> np.ndarray:
+    """Memmap one shard's tokens after checking its header against the file size (a loss-mask
+    shard has 1-byte entries: `itemsizes=(1,)`)."""
     if not path.is_file():
         raise DataError(f"shard missing: {path}", "re-run `octlm prepare` for this folder")
     size = path.stat().st_size
@@ -125,7 +129,7 @@ def read_shard(path: Path) -> np.ndarray:
     magic, version, itemsize, count = _HEADER.unpack_from(head)
     if magic != MAGIC:
         raise DataError(f"{path} is not an octlm token shard", "re-run `octlm prepare`")
-    if version != SHARD_VERSION or itemsize not in (2, 4):
+    if version != SHARD_VERSION or itemsize not in itemsizes:
         raise DataError(
             f"shard {path} has format version {version} / {itemsize}-byte tokens, "
             f"this octlm reads version {SHARD_VERSION}",
@@ -136,7 +140,7 @@ def read_shard(path: Path) -> np.ndarray:
             f"shard {path} is {size} bytes but its header promises {count} tokens",
             "the file is truncated or corrupt; re-run `octlm prepare`",
         )
-    dtype = np.uint16 if itemsize == 2 else np.uint32
+    dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[itemsize]
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
@@ -153,6 +157,15 @@ def dataset_fingerprint(manifest: dict[str, Any]) -> str:
             for name in SPLITS
         },
     }
+    if manifest["manifest_version"] == MASKED_MANIFEST_VERSION:
+        core["loss_mask"] = manifest["loss_mask"]["version"]
+        core["mask_splits"] = {
+            name: [
+                (s["file"], s["tokens"], s["sha256"])
+                for s in manifest["splits"][name]["mask_shards"]
+            ]
+            for name in SPLITS
+        }
     return sha256_json(core)
 
 
@@ -191,6 +204,13 @@ class ShardDataset:
     manifest: dict[str, Any]
     train: TokenStream
     val: TokenStream
+    train_mask: TokenStream | None = None
+    """The loss-mask streams of a prompt/completion dataset (`octlm.data.packing`), else None."""
+    val_mask: TokenStream | None = None
+
+    @property
+    def masked(self) -> bool:
+        return self.train_mask is not None
 
     @property
     def fingerprint(self) -> str:
@@ -223,25 +243,39 @@ class ShardDataset:
                 f"{manifest['tokenizer']['fingerprint'][:12]}, not {tokenizer_fingerprint[:12]}",
                 f"use {root / TOKENIZER_NAME}, or re-run `octlm prepare --tokenizer YOURS`",
             )
-        streams = {}
+        streams, masks = {}, {}
         for split in SPLITS:
-            shards = []
-            for entry in manifest["splits"][split]["shards"]:
-                path = root / entry["file"]
-                tokens = read_shard(path)
-                if len(tokens) != entry["tokens"]:
+            entries = manifest["splits"][split]
+            streams[split] = _open_stream(root, entries["shards"], (2, 4), verify_checksums)
+            if "mask_shards" in entries:
+                masks[split] = _open_stream(root, entries["mask_shards"], (1,), verify_checksums)
+                if len(masks[split]) != len(streams[split]):
                     raise DataError(
-                        f"shard {path} holds {len(tokens)} tokens, "
-                        f"the manifest says {entry['tokens']}",
+                        f"the {split} loss mask of {root} has {len(masks[split])} entries for "
+                        f"{len(streams[split])} tokens",
                         "re-run `octlm prepare`",
                     )
-                if verify_checksums and file_sha256(path) != entry["sha256"]:
-                    raise DataError(
-                        f"shard {path} fails its sha256 check", "re-run `octlm prepare`"
-                    )
-                shards.append(tokens)
-            streams[split] = TokenStream(shards)
-        return cls(root, manifest, streams["train"], streams["val"])
+        return cls(
+            root, manifest, streams["train"], streams["val"], masks.get("train"), masks.get("val")
+        )
+
+
+def _open_stream(
+    root: Path, entries: list[dict[str, Any]], itemsizes: tuple[int, ...], verify: bool
+) -> TokenStream:
+    shards = []
+    for entry in entries:
+        path = root / entry["file"]
+        tokens = read_shard(path, itemsizes)
+        if len(tokens) != entry["tokens"]:
+            raise DataError(
+                f"shard {path} holds {len(tokens)} tokens, the manifest says {entry['tokens']}",
+                "re-run `octlm prepare`",
+            )
+        if verify and file_sha256(path) != entry["sha256"]:
+            raise DataError(f"shard {path} fails its sha256 check", "re-run `octlm prepare`")
+        shards.append(tokens)
+    return TokenStream(shards)
 
 
 def load_manifest(root: Path) -> dict[str, Any]:
@@ -258,10 +292,11 @@ def load_manifest(root: Path) -> dict[str, Any]:
     if (
         not isinstance(manifest, dict)
         or manifest.get("format") != "octlm-dataset"
-        or (manifest.get("manifest_version") != MANIFEST_VERSION)
+        or manifest.get("manifest_version") not in (MANIFEST_VERSION, MASKED_MANIFEST_VERSION)
     ):
         raise DataError(
-            f"{path} is not an octlm dataset manifest of version {MANIFEST_VERSION}",
+            f"{path} is not an octlm dataset manifest of version "
+            f"{MANIFEST_VERSION} or {MASKED_MANIFEST_VERSION}",
             "re-run `octlm prepare` with this octlm",
         )
     # Checked here, before any field is used: a field removed or retyped by hand is "edited" too.

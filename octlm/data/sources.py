@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO
 
-from octlm.data.compressed import CODEC_ERRORS, COMPRESSIONS, is_codec_error, open_decompressed
+from octlm.data.compressed import COMPRESSIONS, codec_errors_named, open_decompressed
 from octlm.data.tables import ARROW, PARQUET, read_rows
 from octlm.errors import DataError
 from octlm.extras import require
@@ -122,19 +122,12 @@ def read_source(
                 yield Document(doc_id or f"{src.name}:{row}", text)
             progress.done()
             return
-        try:
+        with codec_errors_named(src.path, src.compression):
             stream = open_decompressed(raw, src.compression)
             if src.kind == JSONL:
                 yield from _read_jsonl(stream, src, opts, progress)
             else:
                 yield from _read_text(stream, src, opts, progress)
-        except CODEC_ERRORS as exc:
-            if not is_codec_error(exc):
-                raise
-            raise DataError(
-                f"{src.path} is truncated or corrupt ({src.compression or 'read'}: {exc})",
-                "download or compress it again",
-            ) from None
         progress.done()
 
 

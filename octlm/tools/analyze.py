@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from octlm.data.order import Sampler
+from octlm.data.packing import PackedWindows
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.device import autocast, check_dtype
 from octlm.errors import OctlmError
@@ -162,6 +163,7 @@ def underflow_report(
     dtype: str,
     device: torch.device | str,
     extra_scale: float = 1.0,
+    segments: Tensor | None = None,
 ) -> UnderflowReport:
     """Gradients into every nn.Linear output for one micro-batch inside an accumulated step.
 
@@ -188,7 +190,8 @@ def underflow_report(
     model.train()  # as in training (dropout, if any, is active)
     try:
         with autocast(device, dtype):
-            loss_sum, n_targets = model(inputs.to(device), targets.to(device))
+            extra = () if segments is None else (segments.to(device),)
+            loss_sum, n_targets = model(inputs.to(device), targets.to(device), *extra)
         n = int(n_targets)
         if n == 0:
             raise OctlmError("the micro-batch has no real targets", "use another micro-batch")
@@ -229,9 +232,13 @@ def underflow_for_run(
         )
     dataset = run_dataset(meta)
     step = meta["train_state"]["step"] if step is None else step
+    packed = None
+    if dataset.masked:  # prompt/completion data: the run's packed windows
+        assert dataset.train_mask is not None
+        packed = PackedWindows.build(dataset.train, dataset.train_mask, cfg["context"])
     try:
         sampler = Sampler(
-            dataset.train,
+            packed if packed is not None else dataset.train,
             seed=cfg["seed"],
             context=cfg["context"],
             micro_batch=micro_batch if micro_batch is not None else cfg["micro_batch"],
@@ -243,11 +250,12 @@ def underflow_for_run(
         )
     except ValueError as exc:
         raise OctlmError(str(exc), "use the dataset the run trained on") from None
-    inputs, targets = sampler.batch(step, 0)
+    inputs, targets, *segments = sampler.batch(step, 0)
     report = underflow_report(
         model,
         inputs,
         targets,
+        segments=segments[0] if segments else None,
         accum=cfg["accum"],
         dtype=dtype or cfg["dtype"],
         device=next(model.parameters()).device,

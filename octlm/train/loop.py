@@ -80,6 +80,14 @@ def _start(run: Run, log: RunLog) -> None:
     """Resume from the newest valid checkpoint (--resume), or start a new log."""
     resumed = resume(run) if run.cfg.resume else None
     say = print if log.enabled else (lambda *a, **k: None)
+    if run.packing:
+        t = run.packing["train"]
+        say(
+            f"packed {t['examples']:,} training examples into {t['windows']:,} windows of "
+            f"{run.cfg.context} (padding {t['padding']:.1%}; {t['too_long']:,} longer than the "
+            "context skipped)",
+            file=sys.stderr,
+        )
     if resumed is None:
         if log.enabled:
             log.path.unlink(missing_ok=True)  # a log without a checkpoint holds nothing to keep

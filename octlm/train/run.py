@@ -40,7 +40,13 @@ from octlm.train.distributed import (
     wrap_model,
 )
 from octlm.train.init_from import InitPlan, load_into, plan_init
-from octlm.train.inputs import build_sampler, train_blocks, validation_set
+from octlm.train.inputs import (
+    build_sampler,
+    packed_windows,
+    packing_record,
+    train_blocks,
+    validation_set,
+)
 from octlm.train.optim import build_optimizer, param_names
 from octlm.train.saver import BackgroundSaver
 from octlm.train.state import (
@@ -94,6 +100,8 @@ class Run:
     """What `build_run` changed (the accumulation of an elastic resume), for the resume log."""
     init_from: dict[str, Any] | None = None
     """The --init-from source's identity (path, kind, weights_sha256), kept by every checkpoint."""
+    packing: dict[str, Any] | None = None
+    """Prompt/completion data: how its examples were packed at the run's context (the header)."""
 
     @property
     def out(self) -> Path:
@@ -212,6 +220,7 @@ class Run:
             "flops_per_token": self.model.flops_per_token(self.cfg.context),
             "fingerprints": self.fingerprints,
             "init_from": self.init_from,
+            **({"packing": self.packing} if self.packing else {}),
             "data_dir": str(self.data_dir.resolve()),
             "build": build_info(self.device),
             "git_commit": git_commit(),
@@ -276,6 +285,7 @@ def build_run(cfg: TrainConfig) -> Run:
         reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
     )
     blocks = train_blocks(cfg, tokenizer)
+    packed = packed_windows(cfg, dataset)
     data_fingerprint = (
         dataset.fingerprint if blocks is None else blocks.fingerprint(tokenizer.fingerprint)
     )
@@ -291,8 +301,8 @@ def build_run(cfg: TrainConfig) -> Run:
         wrapped=wrapped,
         optimizer=optimizer,
         scaler=scaler,
-        sampler=build_sampler(cfg, dataset, blocks, dist),
-        val=validation_set(cfg, dataset, blocks, tokenizer),
+        sampler=build_sampler(cfg, dataset, blocks, dist, packed),
+        val=validation_set(cfg, dataset, blocks, tokenizer, packed),
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),
@@ -302,6 +312,7 @@ def build_run(cfg: TrainConfig) -> Run:
         saver=BackgroundSaver(cfg.async_checkpoint),
         notes=notes,
         init_from=init.record if init else None,
+        packing=packing_record(packed),
     )
 
 

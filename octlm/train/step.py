@@ -23,6 +23,9 @@ from octlm.train.noise import MicroGradTracker, simple_noise_scale
 from octlm.train.optim import clip_grad_norm, set_lr
 from octlm.train.schedule import learning_rate
 
+Batch = tuple[torch.Tensor, ...]
+"""(inputs, targets) or, for packed examples, (inputs, targets, segments): CPU tensors (B, T)."""
+
 if TYPE_CHECKING:
     from octlm.train.run import Run
 
@@ -80,7 +83,7 @@ class NonFiniteError(Exception):
 def train_step(
     setup: StepSetup,
     optimizer: torch.optim.Optimizer,
-    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    micro_batches: Sequence[Batch],
     *,
     lr: float,
     measure_noise: bool = False,
@@ -96,7 +99,7 @@ def train_step(
     device, scaler, reduce_sum = setup.device, setup.scaler, setup.reduce_sum
     clip_model = setup.clip_model or setup.forward
     set_lr(optimizer, lr)
-    micro_targets = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
+    micro_targets = [int((batch[1] != IGNORE_INDEX).sum()) for batch in micro_batches]
     n_targets = sum(micro_targets)
     if reduce_sum is not None:
         n_targets = int(reduce_sum(torch.tensor([n_targets], device=device)).item())
@@ -135,7 +138,7 @@ def train_step(
 
 def _backward(
     setup: StepSetup,
-    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    micro_batches: Sequence[Batch],
     denom: int,
     micro_targets: list[int],
     tracker: MicroGradTracker | None,
@@ -144,13 +147,13 @@ def _backward(
     `denom` is the step's real-target count (at least 1: an all-PAD step adds zero, not NaN)."""
     device, world, scaler = setup.device, setup.world, setup.scaler
     loss_total = torch.zeros((), device=device, dtype=torch.float32)
-    for micro, (x, y) in enumerate(micro_batches):
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
+    for micro, batch in enumerate(micro_batches):
+        # (inputs, targets), or (inputs, targets, segments) for packed examples
+        x, y, *segments = (t.to(device, non_blocking=True) for t in batch)
         hook = setup.before_backward
         with hook(micro) if hook else contextlib.nullcontext():
             with autocast(device, setup.dtype):
-                loss_sum, _ = setup.forward(x, y)
+                loss_sum, _ = setup.forward(x, y, *segments)
             loss = loss_sum / denom  # summed over micro-batches this is the true masked mean
             # DDP and FSDP average gradients over ranks; scaling by the world makes it a sum.
             scaled = loss * world if world > 1 else loss

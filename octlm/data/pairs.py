@@ -1,0 +1,321 @@
+"""`octlm prepare --format prompt-completion`: JSON lines of {"prompt": ..., "completion": ...}
+written as token shards plus a loss-mask stream, for fine-tuning with the prompt out of the loss.
+
+An example is [BOS] + prompt + completion + EOS, the prompt and the completion encoded apart
+(so no BPE merge crosses the boundary and the mask falls on a token edge). Its loss mask marks
+the first token START, the rest of the prompt CONTEXT and the completion and its closing EOS
+TARGET (`octlm.data.packing`). The split is by example, from the sha256 of example ids, as
+`prepare` splits documents; the windows are packed by the run, at its own context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from octlm.data.compressed import codec_errors_named, open_decompressed
+from octlm.data.folder import check_out, staged, write_manifest
+from octlm.data.packing import CONTEXT, LOSS_MASK_VERSION, START, TARGET, waste_shares
+from octlm.data.shards import (
+    MASKED_MANIFEST_VERSION,
+    SPLITS,
+    TOKENIZER_NAME,
+    ShardWriter,
+    token_dtype,
+)
+from octlm.data.sources import JSONL, Source, find_sources
+from octlm.data.split import VAL, KeyTable, SplitRule, plan_split
+from octlm.data.writer import IdsDigest
+from octlm.errors import DataError
+from octlm.fsutil import fsync_path
+from octlm.tokenizer import Tokenizer
+
+FORMAT = "prompt-completion"
+CHUNK_EXAMPLES = 2048
+"""Examples encoded per encode_batch call: enough for the Rust side's threads."""
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    id: str
+    prompt: str
+    completion: str
+
+
+@dataclass(frozen=True)
+class PairsConfig:
+    out: Path
+    inputs: tuple[str, ...]
+    tokenizer: Path
+    """The base model's tokenizer.json: a fine-tune keeps its base model's vocabulary."""
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    split: SplitRule = field(default_factory=lambda: SplitRule(val_tokens=None))
+    context: int = 1024
+    """Only reported against: how many examples a run at this context skips, and the padding."""
+    shard_tokens: int = 100_000_000
+    force: bool = False
+
+
+def read_examples(src: Source, prompt_field: str, completion_field: str) -> Iterator[Example]:
+    """The examples of one JSON-lines file, in file order; a bad line is a one-line error."""
+    if src.kind != JSONL:
+        raise DataError(
+            f"{src.path} is not JSON lines: --format {FORMAT} reads .jsonl/.json/.ndjson files "
+            "(also .gz/.xz/.bz2/.zst)",
+            f'write one {{"{prompt_field}": ..., "{completion_field}": ...}} object per line',
+        )
+    with open(src.path, "rb") as raw, codec_errors_named(src.path, src.compression):
+        stream = open_decompressed(raw, src.compression)
+        yield from _lines(stream, src, prompt_field, completion_field)
+
+
+def _lines(
+    stream: BinaryIO, src: Source, prompt_field: str, completion_field: str
+) -> Iterator[Example]:
+    for lineno, line in enumerate(stream, start=1):
+        where = f"{src.path}:{lineno}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"{where} is not UTF-8", "re-encode the file as UTF-8") from None
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where} is not valid JSON ({exc.msg})", "fix that line") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{where} is not a JSON object", "write one object per line")
+        values = []
+        for name, flag in (
+            (prompt_field, "--prompt-field"),
+            (completion_field, "--completion-field"),
+        ):
+            if name not in record:
+                raise DataError(
+                    f"{where} has no field {name!r}",
+                    f"add it to every line, or name the field with {flag}",
+                )
+            value = record[name]
+            if not isinstance(value, str):
+                raise DataError(
+                    f"{where}: field {name!r} holds a {type(value).__name__}, not a string",
+                    "make it a string",
+                )
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # JSON can escape half of a surrogate pair
+                raise DataError(f"{where} holds a lone surrogate", "fix that line") from None
+            values.append(value)
+        yield Example(str(record.get("id", f"{src.name}:{lineno}")), values[0], values[1])
+
+
+def encode_examples(
+    tokenizer: Tokenizer, examples: Sequence[Example]
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(tokens, loss mask, tokens per example) of `examples` back to back."""
+    prompts = tokenizer.encode_batch([e.prompt for e in examples], add_special_tokens=False)
+    completions = tokenizer.encode_batch([e.completion for e in examples], add_special_tokens=False)
+    head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+    ids: list[int] = []
+    marks: list[int] = []
+    lengths = []
+    for p, c in zip(prompts, completions, strict=True):
+        n_context = len(head) + len(p)
+        ids += head + p + c + [tokenizer.eos_id]
+        example = [CONTEXT] * n_context + [TARGET] * (len(c) + 1)
+        example[0] = START  # with no BOS and no prompt, the first completion token: unpredictable
+        marks += example
+        lengths.append(n_context + len(c) + 1)
+    return np.asarray(ids, dtype=np.int64), np.asarray(marks, dtype=np.uint8), lengths
+
+
+@dataclass
+class _SplitOut:
+    tokens: ShardWriter
+    mask: ShardWriter
+    ids: IdsDigest = field(default_factory=IdsDigest)
+    examples: int = 0
+    targets: int = 0
+    lengths: list[int] = field(default_factory=list)
+
+    def add(
+        self, chunk: list[Example], ids: np.ndarray, marks: np.ndarray, lengths: list[int]
+    ) -> None:
+        self.tokens.add(ids)
+        self.mask.add(marks)
+        for example in chunk:
+            self.ids.add(example.id)
+        self.examples += len(chunk)
+        self.targets += int(np.count_nonzero(marks == TARGET))
+        self.lengths += lengths
+
+    def summary(self, context: int) -> dict[str, Any]:
+        sizes = np.asarray(self.lengths, dtype=np.int64) - 1
+        shares = waste_shares(sizes, context)
+        return {
+            "documents": self.examples,
+            "tokens": self.tokens.tokens,
+            "targets": self.targets,
+            "document_ids_sha256": self.ids.hexdigest(),
+            "shards": self.tokens.close(),
+            "mask_shards": self.mask.close(),
+            # Notes at prepare's --context (a run packs at its own): not in the fingerprint.
+            "at_context": {
+                "context": context,
+                "too_long": int(np.count_nonzero(sizes > context)),
+                "windows": shares["windows"],
+                "padding_packed": round(shares["packed"], 6),
+                "padding_one_per_window": round(shares["padded"], 6),
+            },
+        }
+
+
+def prepare_pairs(cfg: PairsConfig) -> dict[str, Any]:
+    """Build the prompt/completion dataset at `cfg.out`; its manifest."""
+    check_out(cfg.out, cfg.force)
+    if cfg.split.val_tokens is not None:
+        raise DataError(
+            f"--val-tokens does not apply to --format {FORMAT} (the split is by example count)",
+            "pass --val-fraction or --val-docs",
+        )
+    if cfg.prompt_field == cfg.completion_field:
+        raise DataError(
+            f"--prompt-field and --completion-field are both {cfg.prompt_field!r}",
+            "name two different fields",
+        )
+    sources = find_sources(cfg.inputs)
+    if not cfg.inputs:
+        raise DataError(
+            f"--format {FORMAT} needs input files (the embedded corpus is plain text)",
+            "pass JSON-lines files of prompt/completion pairs",
+        )
+    tokenizer = Tokenizer.load(cfg.tokenizer)
+    keys = KeyTable()
+    for src in sources:  # pass 1: every id (and a full check of every line) before any writing
+        for ex in read_examples(src, cfg.prompt_field, cfg.completion_field):
+            keys.add(ex.id, len(ex.prompt) + len(ex.completion))
+    duplicate = keys.duplicate(keys.ranking())
+    if duplicate is not None:
+        raise DataError(
+            f"examples {duplicate[0] + 1} and {duplicate[1] + 1} (in input order) have the same id",
+            "give every line its own `id`, or drop the `id` field",
+        )
+    labels = plan_split(keys, cfg.split).labels
+    dtype = token_dtype(tokenizer.vocab_size)
+    with staged(cfg.out) as tmp:
+        outs = {
+            split: _SplitOut(
+                ShardWriter(tmp, split, dtype, cfg.shard_tokens),
+                ShardWriter(tmp, f"{split}_mask", np.dtype(np.uint8), cfg.shard_tokens),
+            )
+            for split in SPLITS
+        }
+        try:
+            _encode_all(cfg, sources, tokenizer, labels, outs)
+        except BaseException:
+            for out in outs.values():
+                out.tokens.discard()
+                out.mask.discard()
+            raise
+        summary = {split: outs[split].summary(cfg.context) for split in SPLITS}
+        for split in SPLITS:
+            if summary[split]["at_context"]["windows"] == 0:
+                raise DataError(
+                    f"no {split} example fits in --context {cfg.context}",
+                    "raise --context, add shorter examples, or change the validation share",
+                )
+        manifest = _write_manifest(cfg, tokenizer, summary, tmp)
+    return manifest
+
+
+def _encode_all(
+    cfg: PairsConfig,
+    sources: Sequence[Source],
+    tokenizer: Tokenizer,
+    labels: np.ndarray,
+    outs: dict[str, _SplitOut],
+) -> None:
+    """Pass 2: encode in input order; each split's examples keep their input order."""
+    index = 0
+    chunk: list[Example] = []
+
+    def flush() -> None:
+        nonlocal index
+        ids, marks, lengths = encode_examples(tokenizer, chunk)
+        cuts = np.cumsum([0, *lengths])
+        is_val = labels[index : index + len(chunk)] == VAL
+        for split in SPLITS:
+            picked = np.flatnonzero(is_val == (split == "val")).tolist()
+            if not picked:
+                continue
+            spans = np.concatenate([np.arange(cuts[i], cuts[i + 1]) for i in picked])
+            outs[split].add(
+                [chunk[i] for i in picked], ids[spans], marks[spans], [lengths[i] for i in picked]
+            )
+        index += len(chunk)
+        chunk.clear()
+
+    for src in sources:
+        for example in read_examples(src, cfg.prompt_field, cfg.completion_field):
+            chunk.append(example)
+            if len(chunk) == CHUNK_EXAMPLES:
+                flush()
+    if chunk:
+        flush()
+
+
+def _write_manifest(
+    cfg: PairsConfig, tokenizer: Tokenizer, summary: dict[str, Any], folder: Path
+) -> dict[str, Any]:
+    # The given tokenizer's own bytes: its fingerprint is their sha256, as the base run's.
+    (folder / TOKENIZER_NAME).write_bytes(cfg.tokenizer.read_bytes())
+    fsync_path(folder / TOKENIZER_NAME)
+    manifest: dict[str, Any] = {
+        "format": "octlm-dataset",
+        "manifest_version": MASKED_MANIFEST_VERSION,
+        "source": list(cfg.inputs),
+        "val_fraction": cfg.split.val_fraction,
+        "tokenizer": {
+            "file": TOKENIZER_NAME,
+            "fingerprint": tokenizer.fingerprint,
+            "vocab_size": tokenizer.vocab_size,
+        },
+        "dtype": token_dtype(tokenizer.vocab_size).name,
+        "splits": summary,
+        "loss_mask": {
+            "version": LOSS_MASK_VERSION,
+            "format": FORMAT,
+            "values": {str(START): "example start", str(CONTEXT): "prompt", str(TARGET): "target"},
+        },
+        "read": {"prompt_field": cfg.prompt_field, "completion_field": cfg.completion_field},
+        "split_rule": cfg.split.to_dict(),
+    }
+    return write_manifest(folder, manifest)
+
+
+def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
+    """The human summary `octlm prepare --format prompt-completion` prints."""
+    lines = [f"dataset {out}  (prompt/completion, source: {manifest['source']})"]
+    for split in SPLITS:
+        s = manifest["splits"][split]
+        at = s["at_context"]
+        lines.append(
+            f"  {split:5s} {s['documents']:>7,} examples {s['tokens']:>11,} tokens, "
+            f"{s['targets']:,} of them targets ({s['targets'] / max(1, s['tokens']):.1%})"
+        )
+        lines.append(
+            f"        at context {at['context']}: {at['windows']:,} packed windows, padding "
+            f"{at['padding_packed']:.1%} (one example per window: "
+            f"{at['padding_one_per_window']:.1%}); {at['too_long']:,} examples too long, skipped"
+        )
+    tok = manifest["tokenizer"]
+    lines.append(f"  tokenizer  {out / tok['file']}  fingerprint {tok['fingerprint']}")
+    lines.append(f"  dataset fingerprint {manifest['fingerprint']}")
+    return lines
