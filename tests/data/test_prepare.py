@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import octlm.data.prepare as prepare_module
+import octlm.data.folder as folder_module
 from octlm.data.prepare import PrepareConfig, prepare, prepare_with_stats, summary_lines
 from octlm.data.shards import MANIFEST_NAME, ShardDataset, ShardWriter
 from octlm.data.split import SplitRule
@@ -330,7 +330,7 @@ def test_failed_rename_into_place_puts_the_old_dataset_back(existing, corpus, mo
             raise OSError(errno.EIO, "simulated rename failure")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(prepare_module.os, "replace", replace)
+    monkeypatch.setattr(folder_module.os, "replace", replace)
     with pytest.raises(OSError, match="simulated"):
         run(config(out, corpus, vocab_size=VOCAB + 10, force=True))
     monkeypatch.undo()
