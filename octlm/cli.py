@@ -30,7 +30,6 @@ from octlm.config import (
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
-from octlm.tokenizer import Tokenizer
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import build_playground, build_report, write_page
@@ -127,12 +126,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from octlm.data.dataset_tokenizer import dataset_tokenizer
     from octlm.evaluate import evaluate_split
     from octlm.load import load_model, run_dataset
 
     model, meta = load_model(args.run, device=args.device)
     dataset = run_dataset(meta, args.data)
-    token_bytes = Tokenizer.load(dataset.tokenizer_path).token_bytes_table
+    token_bytes = dataset_tokenizer(dataset).token_bytes_table
     sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
     r = evaluate_split(model, dataset, token_bytes, split=args.split, **sizes)
     where = f"{meta['path']}  step {meta['train_state']['step']}  {args.split}"

@@ -184,7 +184,11 @@ def add_data_commands(sub: Any) -> None:
     pr.add_argument(
         "--completion-field", default="completion", help="with --format prompt-completion"
     )
-    pr.add_argument("--tokenizer", help="use this tokenizer.json instead of training one")
+    pr.add_argument(
+        "--tokenizer",
+        help="use this tokenizer.json, or a Hugging Face folder holding one (its BOS/EOS/PAD "
+        "from the folder's config files), instead of training one",
+    )
     vocab = f"vocabulary size of the tokenizer trained here (default: {DEFAULT_VOCAB_SIZE})"
     pr.add_argument("--vocab-size", type=count, default=None, help=vocab)
     cap = f"characters of training text the tokenizer trains on (default: {_MAX_CHARS})"

@@ -80,10 +80,12 @@ def generate_text(
     top_k: int | None = None,
     seed: int = 0,
 ) -> str:
-    """`prompt` and its continuation: BOS + the prompt's ids, continued until EOS or
+    """`prompt` and its continuation: BOS (EOS if none) + the prompt's ids, continued until EOS or
     `max_new_tokens`, decoded."""
     check_sampling(max_new_tokens, temperature, top_k)
-    ids = [tokenizer.bos_id, *tokenizer.encode(prompt, add_special_tokens=False)]
+    # With no BOS, EOS is what precedes every document but the first in the training stream.
+    start = tokenizer.start_ids or [tokenizer.eos_id]
+    ids = [*start, *tokenizer.encode(prompt, add_special_tokens=False)]
     new = generate(
         model,
         ids,

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.shards import TOKENIZER_NAME, ShardDataset
 from octlm.device import resolve_device
 from octlm.errors import OctlmError
@@ -51,7 +52,7 @@ def run_dataset(meta: dict[str, Any], data: str | Path | None = None) -> ShardDa
 
 def run_tokenizer(meta: dict[str, Any], data: str | Path | None = None) -> Tokenizer:
     """The tokenizer of the dataset a checkpoint trained on (or of `data`)."""
-    return Tokenizer.load(run_dataset(meta, data).tokenizer_path)
+    return dataset_tokenizer(run_dataset(meta, data))
 
 
 def tokenizer_file(meta: dict[str, Any], tokenizer: str | Path | None = None) -> Path:

@@ -49,12 +49,14 @@ def make_blocks(texts: str | list[str], tokenizer: Tokenizer, context_length: in
     for ids_doc in tokenizer.encode_batch(documents):
         ids.extend(ids_doc)
     width = context_length + 1
-    if len(ids) < width:
-        ids.extend([tokenizer.pad_id] * (width - len(ids)))
+    real = len(ids)
+    if real < width:
+        ids.extend([tokenizer.pad_id] * (width - real))
     n_blocks = len(ids) // width  # the tail that does not fill a block is dropped
     tokens = torch.tensor(ids[: n_blocks * width], dtype=torch.int64).view(n_blocks, width)
     inputs, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()
     table = torch.from_numpy(tokenizer.token_bytes_table).to(torch.int64)
     byte_lengths = table[targets]
-    targets[targets == tokenizer.pad_id] = IGNORE_INDEX
+    if real < width:  # one padded block; masked by position, not by id: PAD may be EOS
+        targets[0, max(real - 1, 0) :] = IGNORE_INDEX
     return TokenBlocks(inputs, targets, byte_lengths)

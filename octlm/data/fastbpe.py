@@ -163,7 +163,8 @@ class Splitter:
 
 
 class DocumentEncoder:
-    """`Tokenizer.encode_batch` (BOS + ids + EOS per text), by split-and-dedupe where exact."""
+    """`Tokenizer.encode_batch` (BOS + ids + EOS per text, no BOS when the tokenizer has none),
+    by split-and-dedupe where exact."""
 
     def __init__(self, tokenizer: Tokenizer, fast: bool = True) -> None:
         self.tokenizer = tokenizer
@@ -220,7 +221,7 @@ class DocumentEncoder:
         self._cache.update(zip(new, (e.ids for e in encoded), strict=True))
         ids_of, head, tail = (
             self._cache.__getitem__,
-            (self.tokenizer.bos_id,),
+            tuple(self.tokenizer.start_ids),
             (self.tokenizer.eos_id,),
         )
         return [

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from octlm.data.compressed import codec_errors_named, open_decompressed
+from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.folder import check_out, staged, write_manifest
 from octlm.data.packing import CONTEXT, LOSS_MASK_VERSION, START, TARGET, waste_shares
 from octlm.data.shards import (
@@ -33,6 +34,7 @@ from octlm.data.split import VAL, KeyTable, SplitRule, plan_split
 from octlm.data.writer import IdsDigest
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
+from octlm.hf_tokenizer import load_tokenizer, tokenizer_json
 from octlm.tokenizer import Tokenizer
 
 FORMAT = "prompt-completion"
@@ -122,7 +124,7 @@ def encode_examples(
     """(tokens, loss mask, tokens per example) of `examples` back to back."""
     prompts = tokenizer.encode_batch([e.prompt for e in examples], add_special_tokens=False)
     completions = tokenizer.encode_batch([e.completion for e in examples], add_special_tokens=False)
-    head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+    head = tokenizer.start_ids
     ids: list[int] = []
     marks: list[int] = []
     lengths = []
@@ -196,7 +198,7 @@ def prepare_pairs(cfg: PairsConfig) -> dict[str, Any]:
             f"--format {FORMAT} needs input files (the embedded corpus is plain text)",
             "pass JSON-lines files of prompt/completion pairs",
         )
-    tokenizer = Tokenizer.load(cfg.tokenizer)
+    tokenizer = load_tokenizer(cfg.tokenizer)  # a tokenizer.json, or an HF folder's
     keys = KeyTable()
     for src in sources:  # pass 1: every id (and a full check of every line) before any writing
         for ex in read_examples(src, cfg.prompt_field, cfg.completion_field):
@@ -275,18 +277,14 @@ def _write_manifest(
     cfg: PairsConfig, tokenizer: Tokenizer, summary: dict[str, Any], folder: Path
 ) -> dict[str, Any]:
     # The given tokenizer's own bytes: its fingerprint is their sha256, as the base run's.
-    (folder / TOKENIZER_NAME).write_bytes(cfg.tokenizer.read_bytes())
+    (folder / TOKENIZER_NAME).write_bytes(tokenizer_json(cfg.tokenizer).read_bytes())
     fsync_path(folder / TOKENIZER_NAME)
     manifest: dict[str, Any] = {
         "format": "octlm-dataset",
         "manifest_version": MASKED_MANIFEST_VERSION,
         "source": list(cfg.inputs),
         "val_fraction": cfg.split.val_fraction,
-        "tokenizer": {
-            "file": TOKENIZER_NAME,
-            "fingerprint": tokenizer.fingerprint,
-            "vocab_size": tokenizer.vocab_size,
-        },
+        "tokenizer": tokenizer_entry(tokenizer),
         "dtype": token_dtype(tokenizer.vocab_size).name,
         "splits": summary,
         "loss_mask": {

@@ -4,7 +4,8 @@ into place.
 Three passes, each reading the corpus in input order: a scan of every document's id (the
 split needs the whole corpus), a tokenizer trained on a capped sample of the training documents
 (skipped with --tokenizer), and the encoding, spread over worker processes and written in input
-order (`writer.py`). Each document is `<|bos|> text <|eos|>`; each split is one stream cut into
+order (`writer.py`). Each document is `<|bos|> text <|eos|>` (a Hugging Face tokenizer's own
+BOS and EOS, and no BOS where it has none); each split is one stream cut into
 shards of at most `shard_tokens`. Memory holds per-document keys (24 bytes each) and a bounded
 number of chunks, never the corpus. Nothing is visible at `out` until everything is written, so a
 failure (bad input, full disk, Ctrl-C, a worker killed) leaves no partial dataset and loses no
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.fastbpe import use_fast_path
 from octlm.data.folder import check_out, staged, write_manifest
 from octlm.data.pool import peak_rss_mb
@@ -42,6 +44,7 @@ from octlm.data.workers import ChunkEncoder, check_workers, default_workers
 from octlm.data.writer import SPOOL_NAME, SplitOut, Spool, write_splits
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
+from octlm.hf_tokenizer import load_tokenizer, tokenizer_json
 from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
 
 DEFAULT_SHARD_TOKENS = 100_000_000
@@ -64,7 +67,8 @@ class PrepareConfig:
     split: SplitRule = field(default_factory=SplitRule)
     """How many documents validation holds out (by document, deterministic)."""
     tokenizer: Path | None = None
-    """Use this tokenizer.json instead of training one on the training documents."""
+    """Use this tokenizer.json (or a Hugging Face folder holding one, its BOS/EOS/PAD from the
+    folder's config files: `octlm.hf_tokenizer`) instead of training one."""
     vocab_size: int = DEFAULT_VOCAB_SIZE
     """Vocabulary size when training a tokenizer."""
     tokenizer_max_chars: int = DEFAULT_TOKENIZER_MAX_CHARS
@@ -129,7 +133,7 @@ def prepare_with_stats(
     stats.seconds["scan"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if cfg.tokenizer is not None:
-        tokenizer = Tokenizer.load(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer)
     else:
         tokenizer = _train_tokenizer(cfg, sources, plan, scan, progress)
     stats.seconds["tokenizer"] = time.perf_counter() - clock
@@ -250,7 +254,7 @@ def _write_manifest(
     folder: Path,
 ) -> dict[str, Any]:
     if cfg.tokenizer is not None:  # its own bytes: the fingerprint is their sha256
-        shutil.copyfile(cfg.tokenizer, folder / TOKENIZER_NAME)
+        shutil.copyfile(tokenizer_json(cfg.tokenizer), folder / TOKENIZER_NAME)
         fsync_path(folder / TOKENIZER_NAME)
     else:
         tokenizer.save(folder / TOKENIZER_NAME)
@@ -259,11 +263,7 @@ def _write_manifest(
         "manifest_version": MANIFEST_VERSION,
         "source": list(cfg.inputs) or "embedded:shakespeare",
         "val_fraction": cfg.split.val_fraction,
-        "tokenizer": {
-            "file": TOKENIZER_NAME,
-            "fingerprint": tokenizer.fingerprint,
-            "vocab_size": tokenizer.vocab_size,
-        },
+        "tokenizer": tokenizer_entry(tokenizer),
         "dtype": token_dtype(tokenizer.vocab_size).name,
         "splits": summary,
         "encoder": encoder.note(),  # a note, like `source`: the fingerprint does not cover it
@@ -287,7 +287,8 @@ def summary_lines(
     lines = [f"dataset {out}  (source: {manifest['source']})"]
     for split in SPLITS:
         s = manifest["splits"][split]
-        specials = 2 * s["documents"]  # BOS and EOS carry no text bytes
+        framing = 1 if tok.get("specials", {"bos": 0})["bos"] is None else 2
+        specials = framing * s["documents"]  # BOS and EOS carry no text bytes
         bpt = s["text_bytes"] / max(1, s["tokens"] - specials)
         lines.append(
             f"  {split:5s} {s['documents']:>7,} documents {s['tokens']:>13,} tokens "

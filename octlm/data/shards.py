@@ -166,6 +166,10 @@ def dataset_fingerprint(manifest: dict[str, Any]) -> str:
             ]
             for name in SPLITS
         }
+    # A Hugging Face tokenizer's BOS/EOS/PAD ids (dataset_tokenizer.py): covered, so an edit is
+    # caught; absent for octlm's own tokens, so those datasets keep their fingerprints.
+    if "specials" in manifest["tokenizer"]:
+        core["specials"] = manifest["tokenizer"]["specials"]
     return sha256_json(core)
 
 

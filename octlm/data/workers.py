@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from octlm.data.fastbpe import DocumentEncoder
 from octlm.errors import DataError
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer import Specials, Tokenizer
 
 _STATE: dict[str, Any] = {}
 
@@ -45,7 +45,8 @@ class ChunkEncoder:
         return {**self.counts, **({"hf_because": why} if why else {})}
 
     def initargs(self) -> tuple[Any, ...]:
-        return (self.tokenizer.hf.to_str(), self.tokenizer.fingerprint, self.fast, self.dtype.str)
+        tok = self.tokenizer  # its specials too: a Hugging Face tokenizer's are not in its JSON
+        return (tok.hf.to_str(), tok.fingerprint, tok.specials.to_dict(), self.fast, self.dtype.str)
 
     def worker_peaks(self, peaks: list[float]) -> None:
         self.worker_peak_mb = max([self.worker_peak_mb, *peaks])
@@ -60,8 +61,11 @@ class ChunkEncoder:
         return _encode_with(self.local, texts, self.dtype)
 
 
-def init_worker(tokenizer_json: str, fingerprint: str, fast: bool, dtype: str) -> None:
-    tokenizer = Tokenizer(HFTokenizer.from_str(tokenizer_json), fingerprint)
+def init_worker(
+    tokenizer_json: str, fingerprint: str, specials: dict[str, Any], fast: bool, dtype: str
+) -> None:
+    hf = HFTokenizer.from_str(tokenizer_json)
+    tokenizer = Tokenizer(hf, fingerprint, Specials.from_dict(specials))
     _STATE["encoder"] = DocumentEncoder(tokenizer, fast=fast)
     _STATE["dtype"] = np.dtype(dtype)
 

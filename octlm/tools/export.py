@@ -19,24 +19,31 @@ from octlm.data.shards import TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
 from octlm.llama import hf_config, hf_state_dict
-from octlm.tokenizer import BOS, EOS, PAD, Tokenizer
+from octlm.tokenizer import Tokenizer
 
 FORMATS = ("hf", "safetensors")
 SAFETENSORS_NAME = "model.safetensors"
 
 
-def tokenizer_config(context: int) -> dict[str, Any]:
+def special_tokens(tok: Tokenizer) -> dict[str, str | None]:
+    """The BOS/EOS/PAD token strings of the ids the run's data used (no BOS: null)."""
+    return {
+        f"{role}_token": None if idx is None else tok.id_to_token(idx)
+        for role, idx in tok.specials.to_dict().items()
+    }
+
+
+def tokenizer_config(context: int, tok: Tokenizer) -> dict[str, Any]:
     """tokenizer_config.json: the copied tokenizer.json as is, encoding like octlm's encode.
 
-    No BOS/EOS is added (tokenizer.json has no post-processor, and a flag could not change that),
-    so `tok(text).input_ids == encode(text, add_special_tokens=False)`. split_special_tokens keeps
-    a literal "<|eos|>" in text as text, as octlm does; decoding keeps spaces as they are.
+    No BOS/EOS is added (octlm's tokenizer.json has no post-processor; a Hugging Face one's is
+    switched off by the explicit flags), so `tok(text).input_ids == encode(text,
+    add_special_tokens=False)`. split_special_tokens keeps a literal "<|eos|>" in text as text,
+    as octlm does; decoding keeps spaces as they are.
     """
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "pad_token": PAD,
+        **special_tokens(tok),
         "add_bos_token": False,
         "add_eos_token": False,
         "split_special_tokens": True,
@@ -84,6 +91,7 @@ def export_hf(
     """Write a LlamaForCausalLM folder: config, weights, tokenizer and generation config."""
     from safetensors.torch import save_file
 
+    from octlm.data.dataset_tokenizer import tokenizer_at
     from octlm.load import load_weights, tokenizer_file
     from octlm.model import ModelConfig
 
@@ -95,7 +103,7 @@ def export_hf(
     config = ModelConfig.from_dict(meta["model_config"])
     tensors = hf_state_dict(weights, config.n_layers)
     tok_path = tokenizer_file(meta, tokenizer)
-    tok = Tokenizer.load(tok_path)  # also checks the specials sit at ids 0-2
+    tok = tokenizer_at(tok_path)  # with the BOS/EOS/PAD ids the data was prepared with
     ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
     # Everything goes into a sibling folder first, so a failure leaves OUT as it was.
     staging = tmp_path(out)
@@ -109,11 +117,8 @@ def export_hf(
         )
         _write_json(staging / "generation_config.json", {**ids, "do_sample": False})
         shutil.copyfile(tok_path, staging / TOKENIZER_NAME)
-        _write_json(staging / "tokenizer_config.json", tokenizer_config(config.context))
-        _write_json(
-            staging / "special_tokens_map.json",
-            {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD},
-        )
+        _write_json(staging / "tokenizer_config.json", tokenizer_config(config.context, tok))
+        _write_json(staging / "special_tokens_map.json", special_tokens(tok))
         _umask_mode(staging / SAFETENSORS_NAME)
         _publish(staging, out)
     finally:

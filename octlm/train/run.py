@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from octlm.config import TrainConfig, changed_keys, trajectory_changes
+from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
@@ -340,7 +341,7 @@ def _build_model(
 def _open_data(cfg: TrainConfig) -> tuple[Path, ShardDataset, Tokenizer]:
     data_dir = resolve_data(cfg)
     dataset = ShardDataset.open(data_dir)
-    tokenizer = Tokenizer.load(dataset.tokenizer_path)
+    tokenizer = dataset_tokenizer(dataset)
     if tokenizer.fingerprint != dataset.tokenizer_fingerprint:
         raise OctlmError(
             f"{dataset.tokenizer_path} does not match the manifest's tokenizer",
