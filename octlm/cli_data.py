@@ -170,7 +170,10 @@ def add_data_commands(sub: Any) -> None:
     doc_cap = f"characters taken from one document (default: {DEFAULT_TOKENIZER_DOC_CAP:,})"
     tt.add_argument("--doc-cap", type=count, default=DEFAULT_TOKENIZER_DOC_CAP, help=doc_cap)
     tt.set_defaults(handler=_cmd_tokenizer_train)
+    _add_prepare(sub, inputs)
 
+
+def _add_prepare(sub: Any, inputs: str) -> None:
     pr = sub.add_parser("prepare", help="tokenize a corpus into train/val token shards")
     pr.add_argument("inputs", nargs="*", help=f"{inputs} (default: the embedded corpus)")
     pr.add_argument("--out", required=True, help="dataset folder to create")

@@ -109,7 +109,8 @@ class TrainConfig:
     """Seeds the model init and the data order."""
     order: str = _new_trajectory("random")
     """Training data order: random (windows at any offset, drawn afresh each step) or epoch
-    (every aligned block of context + 1 tokens once per epoch, shuffled per epoch)."""
+    (every aligned block of context + 1 tokens once per epoch, shuffled per epoch); on
+    prompt/completion data, packed windows drawn with replacement, or each once per epoch."""
     init_from: str | None = _new_trajectory(None)
     """Start from these weights (an octlm run folder or checkpoint file, or a Hugging Face
     LlamaForCausalLM folder), whose shape the model takes; fresh optimizer, step 0."""
@@ -374,8 +375,11 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def trajectory_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`changed_keys` of two trajectories, the keys left out at their default filled in."""
-    return changed_keys({**OMITTED_AT_DEFAULT, **old}, {**OMITTED_AT_DEFAULT, **new})
+    """`changed_keys` of two trajectories, the keys left out at their default filled in; an
+    unset shape key reads "the preset's" (None would say nothing to a user)."""
+    changes = changed_keys({**OMITTED_AT_DEFAULT, **old}, {**OMITTED_AT_DEFAULT, **new})
+    shape = tuple(f"{key}: " for key in SHAPE_KEYS)
+    return [c.replace("None", "the preset's") if c.startswith(shape) else c for c in changes]
 
 
 def field_docs() -> dict[str, str]:

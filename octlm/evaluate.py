@@ -17,7 +17,7 @@ from torch import nn
 
 from octlm.data.blocks import TokenBlocks
 from octlm.data.order import validation_starts, windows
-from octlm.data.packing import PackedWindows
+from octlm.data.packed import PackedWindows
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.device import autocast
 from octlm.model import GPT, IGNORE_INDEX

@@ -187,6 +187,14 @@ def test_order_joins_the_trajectory_only_when_it_is_not_the_default() -> None:
     ]
 
 
+def test_a_shape_key_left_unset_reads_as_the_presets_in_a_change() -> None:
+    base = TrainConfig(model="tiny", context=64, n_layers=2)
+    unset = base.replace(n_layers=None)
+    assert trajectory_changes(base.trajectory(), unset.trajectory()) == [
+        "n_layers: 2 -> the preset's"
+    ]
+
+
 def test_an_unknown_order_is_one_line_naming_the_orders() -> None:
     with pytest.raises(ConfigError, match="order 'shuffled' is unknown") as info:
         TrainConfig(order="shuffled")
@@ -317,8 +325,8 @@ def test_a_shape_key_joins_the_fingerprint_only_when_it_differs_from_the_preset(
     same = base.replace(d_model=192, n_heads=6)  # tiny's own values
     assert same.fingerprint_for(1) == base.fingerprint_for(1)
     assert trajectory_changes(base.trajectory(), wide.trajectory()) == [
-        "d_model: None -> 256",
-        "n_heads: None -> 8",
+        "d_model: the preset's -> 256",
+        "n_heads: the preset's -> 8",
     ]
 
 

@@ -1,5 +1,5 @@
 """docs/finetune.md's walk-through runs as written, by bash, in an empty folder, with `octlm`
-and `python` meaning this checkout's interpreter; only its two step counts are set small."""
+and `python` meaning this checkout's interpreter; only its step counts and batch are set small."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ def test_the_walkthrough_runs(tmp_path) -> None:
     env = {
         **os.environ,
         "PATH": f"{shim(tmp_path)}{os.pathsep}{os.environ['PATH']}",
-        "BASE_STEPS": "24",
-        "TUNE_STEPS": "12",
+        "BASE_STEPS": "21",
+        "TUNE_STEPS": "11",
+        "BATCH": "4",
     }
     result = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", walkthrough()],

@@ -17,7 +17,8 @@ import torch
 from octlm.config import ORDERS
 from octlm.data.blocks import TokenBlocks
 from octlm.data.epoch import sample_blocks
-from octlm.data.packing import PACKING, PackedWindows
+from octlm.data.packed import PackedWindows
+from octlm.data.packing import PACKING
 from octlm.data.shards import TokenStream
 
 

@@ -1,4 +1,6 @@
 """Prompt/completion examples packed into windows: whole examples, each attending to itself only.
+This module is the pure part (the mask's values, `pack`, the padding it leaves), free of torch so
+that `octlm prepare` starts fast; `octlm.data.packed` builds a run's windows from it.
 
 A split's token stream holds its examples back to back; its loss-mask stream says, per token,
 `START` (an example's first token), `CONTEXT` (a prompt token: read, never a target) or `TARGET`
@@ -15,14 +17,7 @@ per example wastes most of every window (docs/finetune.md has the numbers), pack
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-import torch
-
-from octlm.data.shards import TokenStream
-from octlm.hashing import sha256_bytes
-from octlm.model import IGNORE_INDEX
 
 CONTEXT, TARGET, START = 0, 1, 2
 """Loss-mask values (uint8), version 1 of the stream."""
@@ -95,81 +90,6 @@ def _leftmost(tree: list[int], node: int, lo: int, hi: int, need: int) -> int:
     mid = (lo + hi) // 2
     found = _leftmost(tree, 2 * node, lo, mid, need)
     return found if found >= 0 else _leftmost(tree, 2 * node + 1, mid + 1, hi, need)
-
-
-def example_bounds(mask: TokenStream) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, lengths) of the examples in a split, from its loss-mask stream."""
-    parts = [
-        np.flatnonzero(np.asarray(shard) == START) + int(offset)
-        for shard, offset in zip(mask.shards, mask.offsets[:-1], strict=True)
-    ]
-    starts = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    ends = np.append(starts[1:], len(mask))
-    return starts.astype(np.int64), (ends - starts).astype(np.int64)
-
-
-@dataclass(frozen=True)
-class PackedWindows:
-    """One split's examples packed into windows of `context` positions."""
-
-    tokens: TokenStream
-    mask: TokenStream
-    context: int
-    starts: np.ndarray
-    """Each example's first token in the stream."""
-    lengths: np.ndarray
-    """Each example's tokens (prompt, completion and specials)."""
-    members: np.ndarray
-    bounds: np.ndarray
-    skipped: int
-    """Examples longer than context + 1 tokens: in no window."""
-
-    @classmethod
-    def build(cls, tokens: TokenStream, mask: TokenStream, context: int) -> PackedWindows:
-        if len(tokens) != len(mask):
-            raise ValueError(f"{len(tokens)} tokens but {len(mask)} loss-mask entries")
-        starts, lengths = example_bounds(mask)
-        members, bounds = pack(lengths - 1, context)
-        skipped = int(np.count_nonzero(lengths - 1 > context))
-        return cls(tokens, mask, context, starts, lengths, members, bounds, skipped)
-
-    def __len__(self) -> int:
-        return len(self.bounds) - 1
-
-    @property
-    def digest(self) -> str:
-        """sha256 of the window layout: a sampler state proves its windows are these."""
-        return sha256_bytes(self.members.tobytes() + self.bounds.tobytes())
-
-    def window(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(inputs, targets, segments) of window k, each (context,) int64."""
-        T = self.context
-        inputs = np.zeros(T, dtype=np.int64)  # padding inputs: any id, never a target
-        targets = np.full(T, IGNORE_INDEX, dtype=np.int64)
-        segments = np.zeros(T, dtype=np.int64)
-        pos = 0
-        items = self.members[self.bounds[k] : self.bounds[k + 1]]
-        for seg, item in enumerate(items.tolist(), start=1):
-            start, length = int(self.starts[item]), int(self.lengths[item])
-            ids = self.tokens.window(start, length)
-            marks = self.mask.window(start, length)
-            n = length - 1
-            inputs[pos : pos + n] = ids[:-1]
-            targets[pos : pos + n] = np.where(marks[1:] == TARGET, ids[1:], IGNORE_INDEX)
-            segments[pos : pos + n] = seg
-            pos += n
-        segments[pos:] = len(items) + 1
-        return inputs, targets, segments
-
-    def batch(self, ks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(inputs, targets, segments), each (len(ks), context) int64."""
-        rows = [self.window(int(k)) for k in ks]
-        inputs, targets, segments = (np.stack([row[i] for row in rows]) for i in range(3))
-        return torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(segments)
-
-    def padding_share(self) -> float:
-        """Share of the windows' positions that are padding."""
-        return waste_shares(self.lengths - 1, self.context)["packed"]
 
 
 def waste_shares(sizes: np.ndarray, capacity: int) -> dict[str, float]:

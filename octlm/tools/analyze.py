@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from octlm.data.order import Sampler
-from octlm.data.packing import PackedWindows
+from octlm.data.packed import PackedWindows
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.device import autocast, check_dtype
 from octlm.errors import OctlmError

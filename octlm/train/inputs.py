@@ -11,7 +11,8 @@ from octlm.config import TrainConfig
 from octlm.data.blocks import TokenBlocks, make_blocks
 from octlm.data.corpus import read_documents
 from octlm.data.order import Sampler, validation_starts
-from octlm.data.packing import LOSS_MASK_VERSION, PackedWindows
+from octlm.data.packed import PackedWindows
+from octlm.data.packing import LOSS_MASK_VERSION
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
 from octlm.evaluate import ValidationSet

@@ -10,15 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from octlm.data.packing import (
-    CONTEXT,
-    START,
-    TARGET,
-    PackedWindows,
-    example_bounds,
-    pack,
-    waste_shares,
-)
+from octlm.data.packed import PackedWindows, example_bounds
+from octlm.data.packing import CONTEXT, START, TARGET, pack, waste_shares
 from octlm.data.pairs import Example, encode_examples
 from octlm.data.shards import TokenStream
 from octlm.model import GPT, IGNORE_INDEX, preset, segment_attention

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from octlm.data.packing import CONTEXT, START, TARGET, example_bounds
+from octlm.data.packed import example_bounds
+from octlm.data.packing import CONTEXT, START, TARGET
 from octlm.data.pairs import PairsConfig, prepare_pairs
 from octlm.data.shards import MASKED_MANIFEST_VERSION, ShardDataset
 from octlm.data.split import SplitRule

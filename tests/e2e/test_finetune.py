@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from octlm.data.corpus import embedded_documents
-from octlm.data.packing import TARGET, PackedWindows
+from octlm.data.packed import PackedWindows
+from octlm.data.packing import TARGET
 from octlm.data.shards import ShardDataset
 from octlm.evaluate import evaluate_split
 from octlm.load import load_model
