@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.fsutil import fsync_path
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, preset

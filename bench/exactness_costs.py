@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, preset
 

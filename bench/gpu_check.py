@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak, store_peak
 

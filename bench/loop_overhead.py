@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.model import GPT, preset
 from octlm.runlog import read_log
 from octlm.train.loop import train

@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import octlm.runlog
 import octlm.train.step
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.data.order import Sampler
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak

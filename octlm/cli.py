@@ -18,15 +18,8 @@ from typing import Any
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
 from octlm.cli_data import add_data_commands
-from octlm.config import (
-    DTYPES,
-    TrainConfig,
-    config_keys,
-    field_docs,
-    load_toml,
-    make_config,
-    to_toml,
-)
+from octlm.config import DTYPES, TrainConfig, config_keys, field_docs
+from octlm.config_files import load_toml, make_config, to_toml
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256

@@ -9,9 +9,7 @@ logging may change freely.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from octlm.errors import OctlmError
@@ -309,63 +307,6 @@ def _check(
 
 def config_keys() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
-
-
-SWEEP_KEYS = ("grid", "sets", "repeats")
-
-
-def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(train keys, [sweep] table) of a TOML file; unknown keys are errors. The [sweep] table
-    (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read only with `sweep`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}", "check the --config path")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the file") from None
-    table = data.pop("sweep", {}) if sweep else {}
-    if not isinstance(table, dict) or set(table) - set(SWEEP_KEYS):
-        bad = sorted(set(table) - set(SWEEP_KEYS)) if isinstance(table, dict) else table
-        raise ConfigError(f"{path}: unknown [sweep] key(s) {bad}", f"use {', '.join(SWEEP_KEYS)}")
-    unknown = sorted(set(data) - set(config_keys()))
-    if unknown:
-        raise ConfigError(
-            f"{path}: unknown key(s) {', '.join(unknown)}",
-            "see `octlm train --help` for the keys (flags with - replaced by _)",
-        )
-    return data, table
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """The train keys of a TOML file (a [sweep] table is an unknown key here)."""
-    return read_toml(path)[0]
-
-
-def to_toml(values: dict[str, Any]) -> str:
-    """A flat TOML document of str/int/float/bool values (None values are left out)."""
-    lines = []
-    for key, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            text = repr(value)
-        else:
-            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"
-
-
-def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """TOML < overrides (flags); None overrides mean "not given" and are skipped."""
-    values: dict[str, Any] = load_toml(toml_path) if toml_path else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return TrainConfig(**values)
-    except TypeError as exc:  # a wrongly typed TOML value trips a comparison
-        raise ConfigError(f"bad config value ({exc})", "check the types in the TOML file") from None
 
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -14,10 +14,9 @@ from octlm.config import (
     changed_keys,
     config_keys,
     field_docs,
-    load_toml,
-    make_config,
     trajectory_changes,
 )
+from octlm.config_files import load_toml, make_config
 from octlm.errors import OctlmError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
@@ -267,7 +266,7 @@ def test_every_field_says_whether_it_is_part_of_the_trajectory() -> None:
 
 
 def test_toml_written_by_to_toml_reads_back() -> None:
-    from octlm.config import read_toml, to_toml
+    from octlm.config_files import read_toml, to_toml
 
     values = {"model": "tiny", "lr": 3e-3, "compile": True, "out": 'a "q" \\ b', "stop_at": None}
     import tempfile

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from octlm.config import TrainConfig, to_toml
+from octlm.config import TrainConfig
+from octlm.config_files import to_toml
 
 # Given by each launch (`train`'s arguments and flags), never written into the shared TOML.
 PER_LAUNCH_KEYS = ("out", "resume", "stop_at", "progress")

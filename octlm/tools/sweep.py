@@ -20,7 +20,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from octlm.config import NON_TRAJECTORY_KEYS, TrainConfig, make_config, read_toml
+from octlm.config import NON_TRAJECTORY_KEYS, TrainConfig
+from octlm.config_files import make_config, read_toml
 from octlm.errors import OctlmError
 from octlm.runlog import log_file, read_log
 from octlm.tools import subrun

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
 

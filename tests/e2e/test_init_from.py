@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from octlm.cli import main
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.data.shards import ShardDataset
 from octlm.load import load_model
 from octlm.runlog import read_log

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from octlm.cli import main
-from octlm.config import make_config
+from octlm.config_files import make_config
 from octlm.runlog import read_log
 from tests.e2e.helpers import assert_same_run, end_hash, octlm, steps_of
 

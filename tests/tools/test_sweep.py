@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from octlm.config import ConfigError, TrainConfig, load_toml
+from octlm.config import ConfigError, TrainConfig
+from octlm.config_files import load_toml
 from octlm.errors import OctlmError
 from octlm.runlog import RunLog
 from octlm.tools import subrun

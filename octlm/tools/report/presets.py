@@ -11,7 +11,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from octlm.config import ConfigError, TrainConfig, load_toml
+from octlm.config import ConfigError, TrainConfig
+from octlm.config_files import load_toml
 
 SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio", "schedule", "decay_steps", "decay_shape")
 REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
