@@ -1,11 +1,19 @@
 """The run log: `OUT/log.jsonl`, one JSON object per line, flushed per line.
 
 Record types: `header` (settings, model, counts, build, git commit), `step`, `val`, `hash`,
-`event` (resume, stop, nonfinite) and `end` (final step and weights_sha256). `step` in a record
-is the 0-based index of the optimizer step it describes (`end`'s counts the steps done). After a
-resume the file reads as one run: records at or past the checkpoint's step are dropped before
-new ones are appended. The schema lives here: the loop hands objects to the typed writers, and
-every tool reads through `read_log`, which skips a line cut short by a kill instead of failing.
+`event` (resume, stop, nonfinite) and `end` (final step and weights_sha256).
+
+Step numbers (schema 2, `log_schema` in the header): one count everywhere, the optimizer steps
+done. The record of the first step says `step: 1`, a validation or hash after step N says N, as
+do a checkpoint written then (`step_00000N`), a stop or resume event there and the `end` of an
+N-step run; `nonfinite` names the step that failed. Schema 1 (no `log_schema`: logs written
+before) numbered step/val/hash/nonfinite records from 0; `read_log` shifts them to schema 2, so
+every tool reads one convention, and a resumed schema-1 run keeps writing schema 1, so its file
+never mixes the two.
+
+After a resume the file reads as one run: the records past the checkpoint's step are dropped
+before new ones are appended. The schema lives here: the loop hands objects to the typed writers,
+and every tool reads through `read_log`, which skips a line cut short by a kill instead of failing.
 """
 
 from __future__ import annotations
@@ -21,7 +29,17 @@ from typing import Any, BinaryIO, Protocol, TextIO
 from octlm.errors import OctlmError
 
 LOG_NAME = "log.jsonl"
+LOG_SCHEMA = 2
 _BLOCK = 1 << 16
+_NUMBERED = ("step", "val", "hash")
+"""Record types whose `step` names an optimizer step (1-based in schema 2, 0-based in 1)."""
+
+
+def names_a_step(record: dict[str, Any]) -> bool:
+    """Whether the record's `step` is a step's number (schema 1 wrote those from 0), not a
+    count of steps done (events at a boundary, `end`: the same in both schemas)."""
+    kind = record.get("type")
+    return kind in _NUMBERED or (kind == "event" and record.get("event") == "nonfinite")
 
 
 class StepNumbers(Protocol):
@@ -68,22 +86,28 @@ class RunLog:
         self.path = run_dir / LOG_NAME
         self.enabled = enabled
         self._file: TextIO | None = None
+        self.schema = LOG_SCHEMA
+        """The numbering this file is written in: an existing log's own (see the module doc)."""
 
     def open(self) -> None:
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.schema = file_schema(self.path)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
 
     def write(self, record_type: str, **fields: Any) -> None:
         if self._file is None:
             return
         record = {"type": record_type, **{k: _clean(v) for k, v in fields.items()}}
+        if self.schema == 1 and names_a_step(record):
+            record["step"] -= 1  # a schema-1 file stays schema 1 (see the module doc)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
     # -- typed records: the schema of each line lives here ------------------------------------
     def header(self, fields: dict[str, Any]) -> None:
-        self.write("header", **fields)
+        self.schema = LOG_SCHEMA  # a header starts a new file
+        self.write("header", log_schema=LOG_SCHEMA, **fields)
 
     def step(self, step: int, numbers: StepNumbers, state: Counters, meter: Throughput) -> float:
         """One optimizer step; returns its tokens per second (for the progress bar)."""
@@ -140,7 +164,8 @@ class RunLog:
             self._file = None
 
     def truncate_after(self, step: int) -> int:
-        """Drop step/val/event/end records with `step >= step` (work the resume will redo), and
+        """Drop what a resume from a checkpoint after `step` steps redoes: the records of later
+        steps, the events and end at or past it (a stop there is superseded by the resume), and
         a last line cut short by a crash. Returns how many records were dropped.
 
         Records are appended in order of their step (every record but the header has one, and
@@ -150,6 +175,7 @@ class RunLog:
         disk space; a crash leaves the file at its old or its new length, both readable."""
         if not self.path.exists():
             return 0
+        schema = file_schema(self.path)
         with open(self.path, "r+b") as f:
             end = f.seek(0, os.SEEK_END)
             cut, dropped, needs_newline = end, 0, False
@@ -158,9 +184,7 @@ class RunLog:
                     record = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     record = None  # a line cut short by a crash
-                if isinstance(record, dict) and (
-                    record.get("type") == "header" or record.get("step", -1) < step
-                ):
+                if isinstance(record, dict) and _kept(record, step, schema):
                     needs_newline = start + len(line) == end  # kept last line lacks its "\n"
                     break
                 cut, dropped = start, dropped + 1
@@ -173,6 +197,36 @@ class RunLog:
                 f.flush()
                 os.fsync(f.fileno())
         return dropped
+
+
+def _kept(record: dict[str, Any], done: int, schema: int) -> bool:
+    """Whether a resume from a checkpoint after `done` steps keeps this record."""
+    if record.get("type") == "header":
+        return True
+    step = record.get("step", -1)
+    if not isinstance(step, int):
+        return False
+    if names_a_step(record):  # step number n (schema 1 wrote n - 1): kept if done by then
+        return step + (schema == 1) <= done
+    return step < done  # a count of steps done: events and end at the boundary are redone
+
+
+def file_schema(path: Path) -> int:
+    """The schema of an existing log (its header's `log_schema`; 1 when absent), else the
+    current one."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.readline()
+    except FileNotFoundError:
+        return LOG_SCHEMA
+    try:
+        header = json.loads(first)
+    except json.JSONDecodeError:
+        return LOG_SCHEMA
+    if not isinstance(header, dict) or header.get("type") != "header":
+        return LOG_SCHEMA
+    schema = header.get("log_schema", 1)
+    return schema if schema in (1, LOG_SCHEMA) else LOG_SCHEMA
 
 
 def _lines_backwards(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
@@ -219,7 +273,7 @@ def read_log_counted(run: str | Path) -> tuple[list[dict[str, Any]], int]:
     skipped and counted, never a traceback. A missing log is an `OctlmError`.
     """
     records: list[dict[str, Any]] = []
-    bad = 0
+    bad, schema = 0, None
     with open(require_log(run), encoding="utf-8", errors="replace") as f:
         for line in f:
             if not line.strip():
@@ -229,6 +283,10 @@ def read_log_counted(run: str | Path) -> tuple[list[dict[str, Any]], int]:
             except json.JSONDecodeError:
                 record = None
             if isinstance(record, dict) and isinstance(record.get("type"), str):
+                if schema is None and record["type"] == "header":
+                    schema = record.get("log_schema", 1)
+                if schema == 1 and names_a_step(record) and isinstance(record.get("step"), int):
+                    record["step"] += 1  # read in today's numbering (the module doc)
                 records.append(record)
             else:
                 bad += 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import LOG_NAME, RunLog, read_log
+from octlm.runlog import LOG_NAME, LOG_SCHEMA, RunLog, read_log
 
 
 def strict(line: str) -> dict:
@@ -21,21 +21,32 @@ def strict(line: str) -> dict:
 
 
 def write_run(run_dir: Path) -> list[dict]:
-    """A log as a run writes it, up to step 6 and its end; returns the records written."""
+    """A log as a run writes it, steps 1 to 6 and its end; returns the records written."""
     log = RunLog(run_dir)
     log.open()
-    records = [("header", {"config": {"lr": 1e-3}, "params": 123})]
-    for s in range(6):
-        records.append(("step", {"step": s, "loss": 5.0 - s / 10, "lr": 1e-3}))
-        if s % 2 == 1:
-            records.append(("val", {"step": s, "val_loss": 5.5 - s / 10}))
-        if s % 2 == 0:
-            records.append(("event", {"event": "checkpoint", "step": s + 1}))
-    records.append(("end", {"step": 6, "weights_sha256": "ab" * 32}))
-    for kind, fields in records:
-        log.write(kind, **fields)
+    log.header({"config": {"lr": 1e-3}, "params": 123})
+    records = [{"type": "header", "log_schema": LOG_SCHEMA, "config": {"lr": 1e-3}, "params": 123}]
+    for n in range(1, 7):
+        records.append({"type": "step", "step": n, "loss": 5.0 - n / 10, "lr": 1e-3})
+        if n % 2 == 0:
+            records.append({"type": "val", "step": n, "val_loss": 5.5 - n / 10})
+        if n % 2 == 1:
+            records.append({"type": "event", "event": "checkpoint", "step": n})
+    records.append({"type": "end", "step": 6, "weights_sha256": "ab" * 32})
+    for record in records[1:]:
+        log.write(record["type"], **{k: v for k, v in record.items() if k != "type"})
     log.close()
-    return [{"type": kind, **fields} for kind, fields in records]
+    return records
+
+
+def kept(record: dict, done: int) -> bool:
+    """What a resume after `done` steps keeps: the records of steps 1..done, and the events
+    before its boundary."""
+    if record["type"] == "header":
+        return True
+    if record["type"] in ("step", "val", "hash"):
+        return record["step"] <= done
+    return record["step"] < done
 
 
 def test_records_are_one_json_object_per_line(tmp_path: Path) -> None:
@@ -89,17 +100,17 @@ def test_reopening_appends(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("k", [0, 1, 4, 7])
-def test_truncate_after_drops_records_at_or_past_the_step(tmp_path: Path, k: int) -> None:
+def test_truncate_after_drops_the_records_a_resume_redoes(tmp_path: Path, k: int) -> None:
     written = write_run(tmp_path)
     original = (tmp_path / LOG_NAME).read_text(encoding="utf-8").splitlines()
     dropped = RunLog(tmp_path).truncate_after(k)
-    expected = [r for r in written if r["type"] == "header" or r["step"] < k]
+    expected = [r for r in written if kept(r, k)]
     assert read_log(tmp_path) == expected
     assert dropped == len(written) - len(expected)
     assert expected[0]["type"] == "header"
     # Kept lines are byte-identical and in their order.
-    kept = (tmp_path / LOG_NAME).read_text(encoding="utf-8").splitlines()
-    assert kept == [line for line in original if strict(line) in expected]
+    lines = (tmp_path / LOG_NAME).read_text(encoding="utf-8").splitlines()
+    assert lines == [line for line in original if strict(line) in expected]
     assert sorted(os.listdir(tmp_path)) == [LOG_NAME]  # no temporary file left behind
 
 
@@ -109,7 +120,7 @@ def test_truncate_after_drops_a_half_written_last_line(tmp_path: Path) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"type": "step", "step": 2, "lo')  # a crash mid-write
     dropped = RunLog(tmp_path).truncate_after(3)
-    expected = [r for r in written if r["type"] == "header" or r["step"] < 3]
+    expected = [r for r in written if kept(r, 3)]
     assert read_log(tmp_path) == expected
     assert dropped == len(written) - len(expected) + 1
     assert path.read_text(encoding="utf-8").endswith("}\n")
@@ -154,3 +165,49 @@ def test_a_kept_last_line_without_its_newline_gets_one(tmp_path: Path) -> None:
     path.write_bytes(b'{"type": "header"}\n{"type": "step", "step": 0}')  # "\n" lost in a crash
     assert RunLog(tmp_path).truncate_after(1) == 0
     assert path.read_bytes() == b'{"type": "header"}\n{"type": "step", "step": 0}\n'
+
+
+def test_a_schema_1_log_reads_in_todays_numbering_and_stays_schema_1(tmp_path: Path) -> None:
+    """Logs written before `log_schema` numbered step/val/hash/nonfinite records from 0: read
+    shifted by one, truncated by their own rule, and appended to in their own numbering."""
+    path = tmp_path / LOG_NAME
+    old = [
+        {"type": "header", "config": {}},
+        {"type": "step", "step": 0, "loss": 2.0},
+        {"type": "step", "step": 1, "loss": 1.5},
+        {"type": "val", "step": 1, "val_loss": 1.6},
+        {"type": "event", "event": "stop", "step": 2},
+        {"type": "step", "step": 2, "loss": 1.2},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old), encoding="utf-8")
+    assert [(r["type"], r.get("step")) for r in read_log(tmp_path)] == [
+        ("header", None), ("step", 1), ("step", 2), ("val", 2), ("event", 2), ("step", 3)
+    ]  # fmt: skip
+    log = RunLog(tmp_path)
+    assert log.truncate_after(2) == 2  # the stop at 2 and step index 2 (the third step)
+    log.open()
+    assert log.schema == 1
+    log.event("resume", 2)
+    log.step(3, Numbers(), Counts(), Meter())  # the third step, written as index 2
+    log.close()
+    raw = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert [(r["type"], r["step"]) for r in raw[1:]] == [
+        ("step", 0), ("step", 1), ("val", 1), ("event", 2), ("step", 2)
+    ]  # fmt: skip
+    assert read_log(tmp_path)[-1]["step"] == 3
+
+
+class Numbers:
+    loss, lr, grad_norm, dt, skipped, epoch = 1.0, 1e-3, 0.5, 0.1, False, None
+
+
+class Counts:
+    tokens, elapsed, skipped_steps = 10, 1.0, 0
+
+
+class Meter:
+    def tokens_per_second(self, dt: float) -> float:
+        return 100.0
+
+    def mfu(self, tok_per_s: float) -> float | None:
+        return None

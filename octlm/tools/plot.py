@@ -99,7 +99,7 @@ def draw_run(axes: Any, s: RunSeries, color: str) -> None:
     tokens = [r["tokens"] for r in s.steps]
     ax_loss.plot(tokens, losses, color=color, lw=0.8, alpha=0.6, label=f"{s.name} train")
     if s.vals:
-        val_tokens = [(v["step"] + 1) * s.tokens_per_step for v in s.vals]
+        val_tokens = [v["step"] * s.tokens_per_step for v in s.vals]  # steps done
         val_losses = [_num(v["val_loss"]) for v in s.vals]
         style = {"color": color, "marker": "o", "ms": 3, "lw": 1.5}
         ax_loss.plot(val_tokens, val_losses, label=f"{s.name} val", **style)

@@ -43,7 +43,7 @@ def _index(records: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[int, st
     steps = {r["step"]: r for r in at("step")}
     hashes = {r["step"]: r.get("weights_sha256") for r in at("hash")}
     for r in at("end"):
-        hashes[r["step"] - 1] = r.get("weights_sha256")  # end's step counts steps done
+        hashes[r["step"]] = r.get("weights_sha256")  # the weights after the last step
     return steps, hashes
 
 

@@ -63,7 +63,7 @@ def _compare(
     name: str, k: int, ref: RunSummary, run: Path, ref_records: list[dict[str, Any]]
 ) -> RunSummary:
     w, o, records = _summarise(run)
-    after = [r for r in records if r["type"] == "step" and r.get("step", -1) >= k]
+    after = [r for r in records if r["type"] == "step" and r.get("step", -1) > k]  # k+1 on
     result = diff_runs(ref_records, records)
     same = w == ref.weights_sha256 and o == ref.optimizer_sha256 and result.first is None
     if same:

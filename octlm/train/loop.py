@@ -189,18 +189,19 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             try:
                 result = advance(run, validating=validating)  # lr, micro-batches, update, counters
             except NonFiniteError as exc:
-                raise _nonfinite(log, cfg, s, exc) from None
+                raise _nonfinite(log, cfg, s + 1, exc) from None
             run.saver.check()  # a background checkpoint write that failed stops the run here
             state.elapsed = meter.elapsed()
-            bar.step(result, log.step(s, result, state, meter))
+            # Records name a step by the count done after it: s + 1 (runlog's module doc).
+            bar.step(result, log.step(state.step, result, state, meter))
             if validating:
                 ev = run.validate()
-                log.val(s, ev, result.noise_scale)
-                bar.val(s, ev)
+                log.val(state.step, ev, result.noise_scale)
+                bar.val(state.step, ev)
             if not last and due(cfg.hash_interval, state.step):
                 digest = run.weights_sha256()  # collective under FSDP
                 if digest is not None:
-                    log.weights_hash(s, digest)
+                    log.weights_hash(state.step, digest)
             # Every rank must stop at the same step: a signal on any one stops them all.
             stopping = agree(stop.requested is not None, run.dist, run.device)
             if last or stopping or state.step == end or due(cfg.ckpt_every, state.step):

@@ -132,7 +132,7 @@ def test_allow_config_change(tiny_dataset, tmp_path) -> None:
     assert "--allow-config-change" in refused.stderr
     octlm(*train_args(tiny_dataset, out, "--resume", "--steps", "10", "--allow-config-change"))
     records = read_log(out)
-    assert [r["step"] for r in records if r["type"] == "step"] == list(range(10))
+    assert [r["step"] for r in records if r["type"] == "step"] == list(range(1, 11))
     resume = [r for r in records if r.get("event") == "resume"][0]
     assert any("no longer exact" in note for note in resume["notes"])
 

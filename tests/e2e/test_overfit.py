@@ -51,9 +51,9 @@ def test_day1_overfit_memorises_its_block(embedded_4096: Path, tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = read_log(out)
     vals = {r["step"]: r["val_loss"] for r in records if r["type"] == "val"}
-    assert sorted(vals) == list(range(19, 200, 20))
-    assert vals[19] > 3.0  # it starts far from memorised ...
-    assert vals[199] < 1.0  # ... and ends below 1.0 by step 200, as the seed's run did
+    assert sorted(vals) == list(range(20, 201, 20))
+    assert vals[20] > 3.0  # it starts far from memorised ...
+    assert vals[200] < 1.0  # ... and ends below 1.0 by step 200, as the seed's run did
     losses = [r["loss"] for r in records if r["type"] == "step"]
     assert losses[-1] < 1.0
 

@@ -69,9 +69,9 @@ def test_log_reads_as_one_run(tiny_dataset, tmp_path) -> None:
     run = split_run(tiny_dataset, tmp_path / "split", 4)
     records = read_log(run)
     steps = [r["step"] for r in records if r["type"] == "step"]
-    assert steps == list(range(STEPS))
+    assert steps == list(range(1, STEPS + 1))  # step numbers: the count done after each
     vals = [r["step"] for r in records if r["type"] == "val"]
-    assert vals == sorted(set(vals)) == [2, 5, 7]
+    assert vals == sorted(set(vals)) == [3, 6, 8]
     resumes = [r for r in records if r.get("event") == "resume"]
     assert len(resumes) == 1 and resumes[0]["step"] == 4
     assert records[0]["type"] == "header" and records[-1]["type"] == "end"
@@ -241,7 +241,7 @@ def test_diff_cli(tiny_dataset, reference, tmp_path) -> None:
     octlm(*train_args(tiny_dataset, out, "--seed", "8"))
     parted = octlm("diff", str(reference()), str(out), check=False)
     assert parted.returncode == 1
-    assert "the runs part at step 0:" in parted.stdout and "loss" in parted.stdout
+    assert "the runs part at step 1:" in parted.stdout and "loss" in parted.stdout
 
 
 def test_hash_records_follow_validation(reference) -> None:

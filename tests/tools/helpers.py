@@ -28,35 +28,36 @@ def write_log(
     losses: dict[int, float] | None = None,
     hashes: dict[int, str] | None = None,
     end: bool = True,
-    first: int = 0,
+    first: int = 1,
 ) -> Path:
-    """A log as a run writes it: a header, steps `first`..`steps - 1` with a validation and a
-    weights hash after every odd step, and (with `end`) the end record. `losses` and `hashes`
-    replace the values at those steps (the end record's hash is that of step `steps - 1`)."""
+    """A log as a run writes it: a header, steps `first`..`steps` (numbered as the log numbers
+    them: the count done after each) with a validation and a weights hash after every even
+    step, and (with `end`) the end record. `losses` and `hashes` replace the values at those
+    steps (the end record's hash is that of step `steps`)."""
     losses, hashes = losses or {}, hashes or {}
     log = RunLog(folder)
     log.open()
-    if first == 0:
+    if first == 1:
         config = {"steps": steps, "warmup": 2, "lr": 1e-3, "min_lr_ratio": 0.1, "grad_clip": 1.0}
-        log.write("header", config=config, tokens_per_step=TOKENS_PER_STEP, data_dir=None)
-    for s in range(first, steps):
+        log.header({"config": config, "tokens_per_step": TOKENS_PER_STEP, "data_dir": None})
+    for n in range(first, steps + 1):
         log.write(
             "step",
-            step=s,
-            loss=losses.get(s, loss_at(s)),
+            step=n,
+            loss=losses.get(n, loss_at(n)),
             lr=1e-3,
-            grad_norm=0.5 + s / 4,
-            tokens=TOKENS_PER_STEP * (s + 1),
+            grad_norm=0.5 + n / 4,
+            tokens=TOKENS_PER_STEP * n,
             dt=0.1,
             tok_per_s=640.0,
             mfu=None,
-            elapsed=0.1 * (s + 1),
+            elapsed=0.1 * n,
         )
-        if s % 2 == 1:
-            log.write("val", step=s, val_loss=5.5 - s / 10, val_ppl=200.0, val_bpb=2.0)
-            log.write("hash", step=s, weights_sha256=hashes.get(s, f"{s:064x}"))
+        if n % 2 == 0:
+            log.write("val", step=n, val_loss=5.5 - n / 10, val_ppl=200.0, val_bpb=2.0)
+            log.write("hash", step=n, weights_sha256=hashes.get(n, f"{n:064x}"))
     if end:
-        log.write("end", step=steps, weights_sha256=hashes.get(steps - 1, f"{steps - 1:064x}"))
+        log.write("end", step=steps, weights_sha256=hashes.get(steps, f"{steps:064x}"))
     log.close()
     return folder
 

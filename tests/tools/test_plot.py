@@ -82,8 +82,8 @@ def test_plot_writes_a_png_with_all_panels(runs, tmp_path) -> None:
 @pytest.mark.slow
 def test_series_and_baseline(runs, tiny_dataset) -> None:
     series = load_series(runs[0])
-    assert [r["step"] for r in series.steps] == list(range(6))
-    assert [v["step"] for v in series.vals] == [1, 3, 5]
+    assert [r["step"] for r in series.steps] == list(range(1, 7))
+    assert [v["step"] for v in series.vals] == [2, 4, 6]
     assert series.grad_clip == 1.0 and series.tokens_per_step == 2 * 2 * 32
     baseline = unigram_baseline([series])
     assert baseline is not None and 0 < baseline < 6.3  # below ln(512)
@@ -133,8 +133,8 @@ def test_a_damaged_log_is_plotted_as_far_as_it_is_readable(tmp_path: Path) -> No
     insert_line(run, 5, '{"type": "step", "step": 2}')  # parses, but holds no numbers
     append_line(run, CUT_LINE, newline=False)  # the last line, cut by a kill
     series = load_series(run)
-    assert [r["step"] for r in series.steps] == list(range(6))
-    assert [v["step"] for v in series.vals] == [1, 3, 5]
+    assert [r["step"] for r in series.steps] == list(range(1, 7))
+    assert [v["step"] for v in series.vals] == [2, 4, 6]
     png = plot_runs([run / "log.jsonl"], tmp_path / "cut.png")  # the log file names it too
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pyplot().close("all")

@@ -132,7 +132,8 @@ def test_every_shipped_config_is_a_preset_with_its_schedule() -> None:
 
 
 def write_run(folder: Path, steps: int = 6, clip: float = 1.0, **header) -> Path:
-    """A log as the trainer writes one: header, steps (one non-finite), vals, a resume, end."""
+    """A log as the trainer wrote one before `log_schema` (steps numbered from 0, read shifted
+    to today's numbering): header, steps (one non-finite), vals, a resume, end."""
     log = RunLog(folder)
     log.open()
     config = {"steps": steps, "warmup": 2, "lr": 1e-3, "min_lr_ratio": 0.1, "grad_clip": clip}
@@ -167,10 +168,10 @@ def test_load_run_reads_columns_gaps_events_and_samples(tmp_path: Path) -> None:
     (run / "samples.txt").write_text("ROMEO: " + EVIL + "\n", encoding="utf-8")
     data = load_run(run)
     assert data["name"] == "a" and data["bad_lines"] == 1
-    assert data["steps"]["step"] == list(range(6))
+    assert data["steps"]["step"] == list(range(1, 7))
     assert data["steps"]["loss"][2] is None  # "nan" in the log: a gap in the chart
     assert data["steps"]["mfu"] == [None] * 6
-    assert data["val"]["step"] == [1, 3, 5] and data["val"]["tokens"] == [128, 256, 384]
+    assert data["val"]["step"] == [2, 4, 6] and data["val"]["tokens"] == [128, 256, 384]
     assert [e["event"] for e in data["events"]] == ["resume"]
     assert data["grad_clip"] == 1.0 and data["end"]["step"] == 6
     assert data["samples"] == [{"source": "samples.txt", "text": "ROMEO: " + EVIL}]
@@ -184,8 +185,8 @@ def test_a_garbled_line_mid_log_is_skipped_and_counted(tmp_path: Path, capsys) -
     data = load_run(run)
     assert data["bad_lines"] == 2  # the garbage and the JSON that is no record
     steps = data["steps"]["step"]
-    assert steps.count(None) == 1 and [s for s in steps if s is not None] == list(range(6))
-    assert data["val"]["step"] == [1, 3, 5] and data["end"]["step"] == 6
+    assert steps.count(None) == 1 and [s for s in steps if s is not None] == list(range(1, 7))
+    assert data["val"]["step"] == [2, 4, 6] and data["end"]["step"] == 6
     assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
     assert capsys.readouterr().err == ""
 

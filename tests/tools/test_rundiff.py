@@ -24,33 +24,33 @@ def test_identical_runs_match_on_every_step(tmp_path: Path) -> None:
 
 def test_the_first_divergence_is_reported_at_its_step_and_field(tmp_path: Path) -> None:
     a = write_log(tmp_path / "a")
-    b = write_log(tmp_path / "b", losses={3: 4.7 + 1e-7, 5: 9.0}, hashes={3: "f" * 64})
+    b = write_log(tmp_path / "b", losses={4: 4.6 + 1e-7, 6: 9.0}, hashes={4: "f" * 64})
     result = diff_runs(read_log(a), read_log(b))
-    assert (result.first.step, result.first.field) == (3, "loss")
-    assert (result.first.a, result.first.b) == (4.7, 4.7 + 1e-7)
-    assert [d.field for d in result.details] == ["loss", "weights_sha256"]  # all of step 3
-    assert result.max_loss_diff == abs(9.0 - 4.5)  # over every common step, not the first
+    assert (result.first.step, result.first.field) == (4, "loss")
+    assert (result.first.a, result.first.b) == (4.6, 4.6 + 1e-7)
+    assert [d.field for d in result.details] == ["loss", "weights_sha256"]  # all of step 4
+    assert result.max_loss_diff == abs(9.0 - 4.4)  # over every common step, not the first
     lines = format_diff(result, "a", "b")
-    assert lines[0] == "the runs part at step 3:"
-    assert lines[1].split()[:4] == ["loss", "4.7", "vs", repr(4.7 + 1e-7)]
+    assert lines[0] == "the runs part at step 4:"
+    assert lines[1].split()[:4] == ["loss", "4.6", "vs", repr(4.6 + 1e-7)]
 
 
 def test_a_divergence_only_in_the_weights_hash_is_found(tmp_path: Path) -> None:
     a = write_log(tmp_path / "a")
-    b = write_log(tmp_path / "b", hashes={1: "e" * 64})
+    b = write_log(tmp_path / "b", hashes={2: "e" * 64})
     result = diff_runs(read_log(a), read_log(b))
-    assert (result.first.step, result.first.field) == (1, "weights_sha256")
+    assert (result.first.step, result.first.field) == (2, "weights_sha256")
     assert result.max_loss_diff == 0.0
     # The end record's hash stands for the last step.
-    c = write_log(tmp_path / "c", hashes={5: "d" * 64})
+    c = write_log(tmp_path / "c", hashes={6: "d" * 64})
     result = diff_runs(read_log(a), read_log(c))
     first = result.first
-    assert (first.step, first.field, first.b) == (5, "weights_sha256", "d" * 64)
+    assert (first.step, first.field, first.b) == (6, "weights_sha256", "d" * 64)
 
 
 def test_runs_with_no_common_step_do_not_match(tmp_path: Path, capsys) -> None:
     a = write_log(tmp_path / "a", steps=3)
-    b = write_log(tmp_path / "b", steps=6, first=3)
+    b = write_log(tmp_path / "b", steps=6, first=4)
     assert diff_runs(read_log(a), read_log(b)).common_steps == 0
     lines, same = diff_folders(a, b)
     assert lines == [f"{a} and {b} share no step"] and not same

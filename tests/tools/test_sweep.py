@@ -83,8 +83,8 @@ def test_finished_and_the_final_loss_read_cut_and_garbled_logs(tmp_path: Path) -
     append_line(killed, CUT_LINE, newline=False)
     assert finished(done) and finished(garbled)
     assert not finished(killed) and not finished(tmp_path / "never-started")
-    assert final_val_loss(done) == final_val_loss(garbled) == 5.5 - 5 / 10
-    assert final_val_loss(killed) == 5.5 - 3 / 10
+    assert final_val_loss(done) == final_val_loss(garbled) == 5.5 - 6 / 10
+    assert final_val_loss(killed) == 5.5 - 4 / 10
 
 
 def fake_trainer(calls: list, fail: str | None = None):
@@ -96,7 +96,7 @@ def fake_trainer(calls: list, fail: str | None = None):
         if fail:
             return fail
         RunLog(out).truncate_after(2)
-        write_log(out, first=2 if (out / "log.jsonl").exists() else 0)
+        write_log(out, first=3 if (out / "log.jsonl").exists() else 1)
         return None
 
     return train
@@ -117,7 +117,7 @@ def test_a_killed_sweep_rerun_skips_finished_runs_and_resumes_the_cut_one(
     assert calls == [("lr=0.003-r0", ("--seed", "1337", "--resume", "--lr", "0.003"))]
     err = capsys.readouterr().err
     assert "1 of 2 runs already finished: skipped" in err and "[2/2] lr=0.003-r0" in err
-    assert finished(killed) and final_val_loss(killed) == 5.0
+    assert finished(killed) and final_val_loss(killed) == 5.5 - 6 / 10
     rows = sweep.summarise()
     assert [(r["setting"], r["repeats"], r["failed"]) for r in rows] == [
         ("lr=0.001", 1, 0),

@@ -53,7 +53,7 @@ def fake_trainer(
         if "--resume" in flags:
             k = read_latest(out)[-1]["step"]
             RunLog(out).truncate_after(k)
-            write_log(out, STEPS, first=k, losses=losses, end=finish)
+            write_log(out, STEPS, first=k + 1, losses=losses, end=finish)
             write_checkpoint(out, STEPS, moment)
             if damage:
                 insert_line(out, 2, GARBAGE_LINE)
@@ -93,9 +93,9 @@ def test_runs_that_match_are_identical_and_cleaned_up(cfg, tmp_path, monkeypatch
 
 
 def test_a_resumed_run_that_parts_says_where(cfg, tmp_path, monkeypatch) -> None:
-    summaries, _ = verify(cfg, tmp_path / "work", monkeypatch, losses={4: 1.0})
+    summaries, _ = verify(cfg, tmp_path / "work", monkeypatch, losses={5: 1.0})
     verdicts = [s.verdict for s in summaries[1:]]
-    assert verdicts == [f"differs from step 4 (largest |loss diff| {4.6 - 1.0:.3e})"] * 2
+    assert verdicts == [f"differs from step 5 (largest |loss diff| {4.5 - 1.0:.3e})"] * 2
     assert format_result(summaries, None)[-1] == "NOT identical: see the table"
 
 

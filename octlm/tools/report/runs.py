@@ -56,7 +56,7 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     per_step = header.get("tokens_per_step")
     vals = sorted(by_type.get("val", []), key=_step)
     val = {k: [number(r.get(k)) for r in vals] for k in VAL_FIELDS}
-    # A validation after step s has seen the tokens of steps 0..s.
+    # A validation after step s has seen the tokens of steps 1..s.
     val["tokens"] = [
         tokens_at.get(r.get("step")) or _tokens_after(r.get("step"), per_step) for r in vals
     ]
@@ -83,7 +83,7 @@ def _step(record: dict[str, Any]) -> float:
 
 def _tokens_after(step: Any, per_step: Any) -> int | None:
     if isinstance(step, int) and isinstance(per_step, int):
-        return (step + 1) * per_step
+        return step * per_step  # the steps done by then (runlog: step numbers)
     return None
 
 
