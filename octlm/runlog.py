@@ -14,7 +14,7 @@ import json
 import math
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
 
@@ -63,16 +63,31 @@ def _clean(value: Any) -> Any:
     return value
 
 
+class Sink(Protocol):
+    """A tracker fed every record after it is in the file (octlm.trackers)."""
+
+    def open(self, resumed_at: int | None) -> None:
+        """Start; `resumed_at` is the step `truncate_after` cut the log back to (every record
+        with a step at or past it is gone), None for a log started afresh."""
+
+    def record(self, record: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
 class RunLog:
-    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+    def __init__(self, run_dir: Path, enabled: bool = True, sinks: Sequence[Sink] = ()) -> None:
         self.path = run_dir / LOG_NAME
         self.enabled = enabled
+        self.sinks = tuple(sinks) if enabled else ()
         self._file: TextIO | None = None
+        self._cut: int | None = None  # where truncate_after cut the log: the sinks cut there too
 
     def open(self) -> None:
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        for sink in self.sinks:
+            sink.open(self._cut)
 
     def write(self, record_type: str, **fields: Any) -> None:
         if self._file is None:
@@ -80,6 +95,8 @@ class RunLog:
         record = {"type": record_type, **{k: _clean(v) for k, v in fields.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        for sink in self.sinks:  # after the line is written: a tracker never shows more
+            sink.record(record)
 
     # -- typed records: the schema of each line lives here ------------------------------------
     def header(self, fields: dict[str, Any]) -> None:
@@ -138,6 +155,9 @@ class RunLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = ()
 
     def truncate_after(self, step: int) -> int:
         """Drop step/val/event/end records with `step >= step` (work the resume will redo), and
@@ -147,7 +167,9 @@ class RunLog:
         none is ever smaller than one before it), so the records to drop are a tail of the file:
         it is read backwards only as far as the first record to keep and cut there, in place.
         A resume's cost does not grow with the length of the run, and the cut never needs free
-        disk space; a crash leaves the file at its old or its new length, both readable."""
+        disk space; a crash leaves the file at its old or its new length, both readable.
+        The sinks opened next drop what the log drops: everything at or past `step`."""
+        self._cut = step
         if not self.path.exists():
             return 0
         with open(self.path, "r+b") as f:
