@@ -112,6 +112,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_log_export(args: argparse.Namespace) -> int:
+    from octlm.tools.logexport import export_tensorboard  # lazy: it imports torch's writer
+
+    written, bad = export_tensorboard(args.run, args.tensorboard)
+    skipped = f" ({bad} unreadable line{'s' * (bad > 1)} skipped)" if bad else ""
+    print(f"wrote {written} records to {args.tensorboard}{skipped}")
+    return 0
+
+
 def _cmd_diff(args: argparse.Namespace) -> int:
     lines, same = diff_folders(args.run_a, args.run_b)
     print("\n".join(lines))
@@ -240,6 +249,12 @@ def _add_log_commands(sub: Any) -> None:
     df.add_argument("run_a")
     df.add_argument("run_b")
     df.set_defaults(handler=_cmd_diff)
+    lg = sub.add_parser("log", help="a run's log.jsonl in other tools")
+    lg_sub = lg.add_subparsers(dest="log_command", required=True, metavar="ACTION")
+    le = lg_sub.add_parser("export", help="replay a run's log into TensorBoard event files")
+    le.add_argument("run", help="run folder (or its log.jsonl)")
+    le.add_argument("--tensorboard", required=True, metavar="DIR", help="event files go here")
+    le.set_defaults(handler=_cmd_log_export)
 
 
 def _run_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
 SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.train.schedule)
 DECAY_SHAPES = ("linear", "1-sqrt")
+TRACKERS = ("tensorboard", "wandb")  # --log-to (octlm.trackers); each is its own extra
 
 
 class ConfigError(OctlmError):
@@ -159,6 +160,9 @@ class TrainConfig:
     """Device peak for MFU; default: a table for known GPUs, none on CPU."""
     progress: bool | None = _setting(None)
     """Progress bar: on a terminal by default."""
+    log_to: str | None = _setting(None)  # trackers only read the log's records
+    """Also send the log's records to trackers, comma-separated: tensorboard (OUT/tensorboard),
+    wandb (the run id kept in OUT/wandb_id; WANDB_MODE=offline needs no network)."""
 
     def __post_init__(self) -> None:
         from octlm.model import PRESETS  # lazy: the CLI parser must not pay for importing torch
@@ -204,6 +208,12 @@ class TrainConfig:
         if problem is not None:
             raise ConfigError(*problem)
         self._check_schedule()
+        for name in (self.log_to or "").split(","):
+            _check(
+                name.strip() in TRACKERS + ("",),
+                f"log_to names an unknown tracker {name.strip()!r}",
+                f"use a comma-separated list of {', '.join(TRACKERS)}",
+            )
         if self.stop_at is not None:
             _check(
                 _is_int(self.stop_at) and 0 < self.stop_at <= self.steps,

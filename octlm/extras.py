@@ -7,7 +7,7 @@ from types import ModuleType
 
 from octlm.errors import OctlmError
 
-EXTRAS = {"pyarrow": "data", "zstandard": "data"}
+EXTRAS = {"pyarrow": "data", "zstandard": "data", "tensorboard": "tensorboard", "wandb": "wandb"}
 """Which `octlm[...]` extra brings each optional package."""
 
 

@@ -22,7 +22,7 @@ import json
 import math
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
 
@@ -81,19 +81,37 @@ def _clean(value: Any) -> Any:
     return value
 
 
+class Sink(Protocol):
+    """A tracker fed every record after it is in the file (octlm.trackers)."""
+
+    def open(self, resumed_at: int | None) -> None:
+        """Start; `resumed_at` is the step `truncate_after` cut the log back to (every record
+        with a step at or past it is gone), None for a log started afresh."""
+
+    def record(self, record: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
 class RunLog:
-    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+    def __init__(self, run_dir: Path, enabled: bool = True, sinks: Sequence[Sink] = ()) -> None:
         self.path = run_dir / LOG_NAME
         self.enabled = enabled
+        self.sinks = tuple(sinks) if enabled else ()
         self._file: TextIO | None = None
         self.schema = LOG_SCHEMA
         """The numbering this file is written in: an existing log's own (see the module doc)."""
+        self._cut: int | None = None  # where truncate_after cut the log: the sinks cut there too
+        self._replay: list[dict[str, Any]] = []  # kept records the sinks' cut dropped
 
     def open(self) -> None:
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.schema = file_schema(self.path)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        for sink in self.sinks:
+            sink.open(self._cut)
+            for record in self._replay:
+                sink.record(record)
 
     def write(self, record_type: str, **fields: Any) -> None:
         if self._file is None:
@@ -103,6 +121,8 @@ class RunLog:
             record["step"] -= 1  # a schema-1 file stays schema 1 (see the module doc)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        for sink in self.sinks:  # after the line is written: a tracker never shows more
+            sink.record(record)
 
     # -- typed records: the schema of each line lives here ------------------------------------
     def header(self, fields: dict[str, Any]) -> None:
@@ -162,6 +182,9 @@ class RunLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = ()
 
     def truncate_after(self, step: int) -> int:
         """Drop what a resume from a checkpoint after `step` steps redoes: the records of later
@@ -172,7 +195,11 @@ class RunLog:
         none is ever smaller than one before it), so the records to drop are a tail of the file:
         it is read backwards only as far as the first record to keep and cut there, in place.
         A resume's cost does not grow with the length of the run, and the cut never needs free
-        disk space; a crash leaves the file at its old or its new length, both readable."""
+        disk space; a crash leaves the file at its old or its new length, both readable.
+        The sinks opened next drop everything at or past `step` (a tracker cuts by step, and a
+        stop event shares its step with the last step kept); the kept records of step `step`
+        itself are sent to them again."""
+        self._cut, self._replay = step, []
         if not self.path.exists():
             return 0
         schema = file_schema(self.path)
@@ -196,6 +223,8 @@ class RunLog:
             if cut < end or needs_newline:
                 f.flush()
                 os.fsync(f.fileno())
+        if schema == LOG_SCHEMA:
+            self._replay = _records_of_step(self.path, step)
         return dropped
 
 
@@ -209,6 +238,27 @@ def _kept(record: dict[str, Any], done: int, schema: int) -> bool:
     if names_a_step(record):  # step number n (schema 1 wrote n - 1): kept if done by then
         return step + (schema == 1) <= done
     return step < done  # a count of steps done: events and end at the boundary are redone
+
+
+def _records_of_step(path: Path, step: int) -> list[dict[str, Any]]:
+    """The records of step number `step` (step, val, hash) at the end of a schema-2 log cut
+    back to it, in file order."""
+    found = []
+    with open(path, "rb") as f:
+        for _, line in _lines_backwards(f, f.seek(0, os.SEEK_END)):
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if not isinstance(record, dict) or record.get("type") == "header":
+                break
+            if record.get("step") != step:
+                if isinstance(record.get("step"), int) and record["step"] < step:
+                    break
+                continue
+            if names_a_step(record):
+                found.append(record)
+    return found[::-1]
 
 
 def file_schema(path: Path) -> int:

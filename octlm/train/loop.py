@@ -23,6 +23,7 @@ from octlm.errors import OctlmError
 from octlm.evaluate import EvalResult
 from octlm.peak import peak_flops
 from octlm.runlog import RunLog
+from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import agree, shutdown
 from octlm.train.guards import RunLock, StopFlag, has_run
@@ -60,10 +61,14 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult
         raise OctlmError(
             f"{out} already holds a run", "pass --resume to continue it, or choose another --out"
         )
+    trackers = parse_trackers(cfg.log_to)
+    check_installed(trackers)  # a missing library is a one-line error before anything is built
     if log_enabled:
         ckpt.remove_stale_temps(out)
     run = build_run(cfg)
-    log = RunLog(out, enabled=log_enabled)
+    # Only the process that writes the log feeds the trackers: they see what it writes.
+    sinks = make_sinks(trackers, out) if log_enabled else []
+    log = RunLog(out, enabled=log_enabled, sinks=sinks)
     _start(run, log)
     try:
         result = _loop(run, log)
