@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	rm -rf $(DEMO)/split $(DEMO)/straight
 	$(BIN)/octlm prepare --out $(DEMO)/data --vocab-size 4096 --force
-	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/split --stop-at 100
-	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/split --resume
-	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/straight
+	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/split --stop-at 100
+	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/split --resume
+	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/straight
 	$(BIN)/octlm eval $(DEMO)/split
 	$(BIN)/octlm generate $(DEMO)/split --prompt "ROMEO:" --max-new-tokens 60 > $(DEMO)/split/samples.txt
 	@cat $(DEMO)/split/samples.txt
