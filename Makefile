@@ -21,11 +21,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	rm -rf $(DEMO)/split $(DEMO)/straight
 	$(BIN)/octlm prepare --out $(DEMO)/data --vocab-size 4096 --force
-	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/split --stop-at 100
-	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/split --resume
-	$(BIN)/octlm train --config configs/tiny.toml --data $(DEMO)/data --out $(DEMO)/straight
+	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/split --stop-at 100
+	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/split --resume
+	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/straight
 	$(BIN)/octlm eval $(DEMO)/split
-	$(BIN)/octlm generate $(DEMO)/split --prompt "ROMEO:" --max-new-tokens 60 > $(DEMO)/split/samples.txt
+	$(BIN)/octlm generate $(DEMO)/split --prompt "ROMEO:" --max-new-tokens 60 --temperature 0.8 --top-k 40 --seed 1 > $(DEMO)/split/samples.txt
 	@cat $(DEMO)/split/samples.txt
 	@a=$$($(BIN)/octlm hash $(DEMO)/split | cut -d' ' -f1); \
 	 b=$$($(BIN)/octlm hash $(DEMO)/straight | cut -d' ' -f1); \

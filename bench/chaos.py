@@ -1,6 +1,6 @@
 """Chaos test: SIGKILL a training run at random moments, resume it each time, compare bits.
 
-    .venv/bin/python bench/chaos.py --kills 50 [--config configs/tiny.toml] [--steps N]
+    .venv/bin/python bench/chaos.py --kills 50 [--config tiny] [--steps N]
 
 Runs the config straight through once for reference. Then runs it again in a subprocess and
 kills it with SIGKILL after a random delay, over and over, each time re-running the same
@@ -61,7 +61,7 @@ def unlisted(out: Path) -> set[str]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=50)
-    ap.add_argument("--config", default="configs/tiny.toml")
+    ap.add_argument("--config", default="tiny")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--data", default=None)
     ap.add_argument("--ckpt-every", type=int, default=5)

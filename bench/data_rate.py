@@ -47,7 +47,7 @@ if not __package__:  # run as `python bench/data_rate.py`: make `bench` importab
 from bench import DATA
 
 GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-SEED_GPU_TOKENS_PER_S = 99_500  # configs/small.toml's comment
+SEED_GPU_TOKENS_PER_S = 99_500  # the shipped small config's comment
 JOBS = ("prepare", "prepare_hf", "hf", "fast", "tiktoken")
 
 

@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
     cfg = make_config(
-        "configs/tiny.toml",
+        "tiny",
         steps=args.steps + 2,
         warmup=2,
         val_every=0,

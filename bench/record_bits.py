@@ -29,7 +29,7 @@ E2E = [
     "--ckpt-every", "5", "--dtype", "fp32", "--no-progress",
 ]  # fmt: skip
 SETTINGS = {
-    "tiny.toml": (["--config", "configs/tiny.toml", "--no-progress"], "demo", 100),
+    "tiny": (["--config", "tiny", "--no-progress"], "demo", 100),
     "e2e-fp32": (E2E, "e2e", 5),
     "e2e-bf16": (E2E + ["--dtype", "bf16"], "e2e", 5),
     "e2e-accum4-dropout": (E2E + ["--accum", "4", "--dropout", "0.1"], "e2e", 5),

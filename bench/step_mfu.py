@@ -32,11 +32,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import octlm.runlog
-import octlm.train.step
 from octlm.config_files import make_config
 from octlm.data.order import Sampler
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak
+from octlm.train import step as step_module  # octlm.train is the API function (octlm/__init__.py)
 from octlm.train.loop import train
 
 if not __package__:  # run as `python bench/step_mfu.py`: make `bench` importable
@@ -93,7 +93,7 @@ def profile_steps(cfg, active: int) -> dict:
         record_shapes=False,
     )
     real_write = octlm.runlog.RunLog.write
-    real_train_step = octlm.train.step.train_step
+    real_train_step = step_module.train_step
 
     def write(self, record_type, **fields):
         with record_function("octlm::log"):
@@ -111,17 +111,17 @@ def profile_steps(cfg, active: int) -> dict:
         # learning_rate, train_step calls clip_grad_norm.
         patches = [
             mock.patch.object(octlm.runlog.RunLog, "write", write),
-            mock.patch.object(octlm.train.step, "train_step", train_step),
+            mock.patch.object(step_module, "train_step", train_step),
             mock.patch.object(Sampler, "batch", _labelled(Sampler.batch, "octlm::data")),
             mock.patch.object(
-                octlm.train.step,
+                step_module,
                 "learning_rate",
-                _labelled(octlm.train.step.learning_rate, "octlm::lr"),
+                _labelled(step_module.learning_rate, "octlm::lr"),
             ),
             mock.patch.object(
-                octlm.train.step,
+                step_module,
                 "clip_grad_norm",
-                _labelled(octlm.train.step.clip_grad_norm, "octlm::clip"),
+                _labelled(step_module.clip_grad_norm, "octlm::clip"),
             ),
             mock.patch.object(
                 torch.Tensor, "backward", _labelled(torch.Tensor.backward, "octlm::backward")

@@ -73,7 +73,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from octlm.train.init_from import check_preset
 
         check_preset(cfg)  # a --model left out is no contradiction: the source's shape is used
-    train(cfg)
+    train(cfg, hard_exit=True)
     return 0
 
 

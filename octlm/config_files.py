@@ -1,5 +1,7 @@
 """Settings files: a TOML file of `octlm train` keys (and a sweep's [sweep] table) read into a
-`TrainConfig`, and a resolved config written back as TOML."""
+`TrainConfig`, and a resolved config written back as TOML. `--config` takes a path or the name
+of a config shipped in the package (`tiny`, `ablations/lr`), so an installed octlm has them too.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +12,36 @@ from typing import Any
 from octlm.config import ConfigError, TrainConfig, config_keys
 
 SWEEP_KEYS = ("grid", "sets", "repeats")
+# Package data (pyproject.toml): the same files in a checkout and in an installed wheel.
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """The names `--config` resolves without a path: `tiny`, ..., `ablations/lr`, sorted."""
+    found = SHIPPED_CONFIGS.rglob("*.toml")
+    return sorted(p.relative_to(SHIPPED_CONFIGS).with_suffix("").as_posix() for p in found)
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """The file a `--config` value names: an existing path as given, else a shipped config's
+    name. The path is tried first so that a user's own file is never shadowed by a name."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    names = shipped_configs()
+    if str(name_or_path) in names:
+        return SHIPPED_CONFIGS / f"{name_or_path}.toml"
+    raise ConfigError(
+        f"config file not found: {path}",
+        f"name a TOML file, or a shipped config: {', '.join(names)}",
+    )
 
 
 def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(train keys, [sweep] table) of a TOML file; unknown keys are errors. The [sweep] table
-    (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read only with `sweep`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}", "check the --config path")
+    """(train keys, [sweep] table) of a TOML file or shipped config; unknown keys are errors.
+    The [sweep] table (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read
+    only with `sweep`."""
+    path = config_path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

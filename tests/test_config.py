@@ -19,7 +19,7 @@ from octlm.config import (
 from octlm.config_files import load_toml, make_config
 from octlm.errors import OctlmError
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "octlm" / "configs").glob("*.toml"))
 
 # Keys the spec names as not deciding any computed number.
 NOT_TRAJECTORY = {

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
+from tqdm.auto import tqdm  # a widget in Jupyter, the terminal bar elsewhere
 
 from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.fastbpe import use_fast_path

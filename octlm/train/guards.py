@@ -7,6 +7,7 @@ import fcntl
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +52,36 @@ class RunLock:
 
 
 class StopFlag:
-    """SIGINT/SIGTERM: finish the current step, checkpoint, exit 0. A second signal exits now."""
+    """SIGINT/SIGTERM: finish the current step, checkpoint, return. A second signal stops now:
+    the `octlm` command exits at once (`hard_exit`); in-process (`octlm.train` in a notebook)
+    it raises KeyboardInterrupt instead, because exiting would take the kernel down with it.
 
-    def __init__(self) -> None:
+    The old handlers come back on exit. Off the main thread nothing is installed: Python runs
+    handlers only in the main thread and refuses to install one elsewhere (ValueError), so a
+    run started from a thread is stopped the way its caller stops threads, not by a signal."""
+
+    def __init__(self, hard_exit: bool = False) -> None:
+        self.hard_exit = hard_exit
         self.requested: str | None = None
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopFlag:
+        if threading.current_thread() is not threading.main_thread():
+            return self
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
-            signal.signal(sig, handler)
+            # None: a handler installed outside Python, which cannot be put back from here.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._old.clear()
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested is not None:
-            os._exit(128 + signum)  # the last complete checkpoint stays as it is
+            if self.hard_exit:
+                os._exit(128 + signum)  # the last complete checkpoint stays as it is
+            raise KeyboardInterrupt  # the loop lets the checkpoint in flight finish first
         self.requested = signal.Signals(signum).name
         print(f"\n{self.requested}: finishing this step, then checkpointing", file=sys.stderr)

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
+# tqdm.auto: a widget in Jupyter (plain tqdm writes text into the cell), the usual bar elsewhere.
+from tqdm.auto import tqdm
 
 from octlm.config import TrainConfig
 from octlm.device import build_info
@@ -39,14 +40,16 @@ class TrainResult:
     last_loss: float | None
 
 
-def train(cfg: TrainConfig, log_enabled: bool = True) -> TrainResult:
+def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> TrainResult:
+    """Train `cfg` in this process. `hard_exit`: a second Ctrl-C exits the process at once (the
+    `octlm` command); left False, it raises KeyboardInterrupt (a notebook's kernel survives)."""
     out = Path(cfg.out)
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 owns the folder
     created = main and not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         with RunLock(out) if main else contextlib.nullcontext():
-            return _train_locked(cfg, out, log_enabled and main)
+            return _train_locked(cfg, out, log_enabled and main, hard_exit)
     except BaseException:
         # A run that failed before writing anything leaves no empty folder behind.
         if created and {p.name for p in out.iterdir()} <= {".lock"}:
@@ -56,7 +59,7 @@ def train(cfg: TrainConfig, log_enabled: bool = True) -> TrainResult:
         shutdown()
 
 
-def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult:
+def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: bool) -> TrainResult:
     if not cfg.resume and has_run(out):
         raise OctlmError(
             f"{out} already holds a run", "pass --resume to continue it, or choose another --out"
@@ -71,7 +74,7 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool) -> TrainResult
     log = RunLog(out, enabled=log_enabled, sinks=sinks)
     _start(run, log)
     try:
-        result = _loop(run, log)
+        result = _loop(run, log, hard_exit)
     except BaseException:
         _finish_saves_quietly(run)
         raise
@@ -182,11 +185,11 @@ class Progress:
             )
 
 
-def _loop(run: Run, log: RunLog) -> TrainResult:
+def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
     cfg, state = run.cfg, run.state
     end = cfg.stop_at if cfg.stop_at is not None else cfg.steps
     meter, result, stopping = Meter(run), None, False
-    with StopFlag() as stop, Progress(run) as bar:
+    with StopFlag(hard_exit) as stop, Progress(run) as bar:
         while state.step < end and not stopping:
             s = state.step
             last = s + 1 == cfg.steps

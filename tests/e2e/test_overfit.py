@@ -1,6 +1,6 @@
 """The first seed's Day 1 check, end to end: memorise one fixed block, then recite it.
 
-`configs/day1-overfit.toml` (8 copies of the first 128-token block, 200 steps, warmup 20, peak
+the shipped `day1-overfit` config (8 copies of the first 128-token block, 200 steps, warmup 20, peak
 3e-4 to a 3e-5 floor) must drive the loss on that block below 1.0 by step 200, and greedy
 decoding from the block's first token must reproduce the block exactly.
 """
@@ -22,8 +22,6 @@ from octlm.runlog import read_log
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def embedded_4096(tmp_path_factory) -> Path:
@@ -40,7 +38,7 @@ def test_day1_overfit_memorises_its_block(embedded_4096: Path, tmp_path: Path) -
         "octlm",
         "train",
         "--config",
-        str(ROOT / "configs" / "day1-overfit.toml"),
+        "day1-overfit",
         "--data",
         str(embedded_4096),
         "--out",

@@ -26,7 +26,7 @@ from octlm.train.schedule import learning_rate
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULE_JS = REPO / "octlm" / "tools" / "report" / "assets" / "schedule.js"
-SHIPPED = sorted((REPO / "configs").glob("*.toml"))
+SHIPPED = sorted((REPO / "octlm" / "configs").glob("*.toml"))
 NODE = shutil.which("node")
 EVIL = "</script><script>alert(1)</script><!-- \u2028 & </SCRIPT >"
 

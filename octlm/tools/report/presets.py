@@ -1,8 +1,9 @@
 """Schedule presets for the playground: lr, warmup, steps, min_lr_ratio and the schedule's kind
 (cosine, or wsd with its decay_steps and decay_shape) of each config.
 
-Read at report time from the project's `configs/*.toml` (beside the package in a checkout, or
-under the current folder), keys a file leaves out taking TrainConfig's defaults.
+Read at report time from the configs shipped in the package (`octlm/configs/*.toml`, the names
+`--config` takes), then from a `configs/` folder under the current one, keys a file leaves out
+taking TrainConfig's defaults.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config import ConfigError, TrainConfig
-from octlm.config_files import load_toml
+from octlm.config_files import SHIPPED_CONFIGS, load_toml
 
 SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio", "schedule", "decay_steps", "decay_shape")
-REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def schedule_defaults() -> dict[str, Any]:
@@ -25,9 +25,9 @@ def schedule_defaults() -> dict[str, Any]:
 
 
 def config_dirs() -> list[Path]:
-    """Folders searched for `*.toml`: the checkout's `configs/`, then `./configs`."""
+    """Folders searched for `*.toml`: the package's shipped configs, then `./configs`."""
     found: list[Path] = []
-    for d in (REPO_CONFIGS, Path.cwd() / "configs"):
+    for d in (SHIPPED_CONFIGS, Path.cwd() / "configs"):
         if d.is_dir() and d.resolve() not in found:
             found.append(d.resolve())
     return found

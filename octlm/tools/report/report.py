@@ -70,7 +70,7 @@ def page_data(runs: list[dict[str, Any]], title: str) -> dict[str, Any]:
         for r in runs
         if (schedule := schedule_of(r.get("config") or {})) is not None
     ]
-    shipped = schedule_presets() or [  # outside a checkout there may be no configs/ to read
+    shipped = schedule_presets() or [  # only if the shipped configs were deleted or all broken
         {"name": "defaults", "source": "TrainConfig", **schedule_defaults()}
     ]
     return {

@@ -1,0 +1,168 @@
+"""The Python API (`import octlm`): the facade's names, the README's "From Python" snippet, and
+a run in this process: from a thread, stopped by a SIGINT, its signal handlers put back."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from tqdm.auto import tqdm
+
+import octlm
+from octlm import api
+from octlm.config import TrainConfig
+from octlm.data import prepare
+from octlm.errors import OctlmError
+from octlm.runlog import read_log
+from octlm.train import loop
+from octlm.train.checkpoint import read_latest
+from octlm.train.guards import StopFlag
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def small(tiny_dataset: Path, out: Path, **changes) -> TrainConfig:
+    sizes = {"context": 32, "micro_batch": 2, "val_every": 0, "val_batches": 2, "ckpt_every": 0}
+    base = {"model": "micro", "data": str(tiny_dataset), "out": str(out), "warmup": 0}
+    return TrainConfig(**{**base, **sizes, "progress": False, "steps": 3, **changes})
+
+
+def test_import_octlm_is_cheap_and_names_the_api() -> None:
+    code = (
+        "import json, sys, octlm; before = 'torch' in sys.modules; names = dir(octlm); "
+        "from octlm.load import load_model; import octlm.cli; "  # submodules named like the API
+        "print(json.dumps([before, names, callable(octlm.load), octlm.train.__module__]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    torch_loaded, names, load_callable, train_module = json.loads(out.stdout)
+    assert not torch_loaded
+    assert {"TrainConfig", "train", "load", "generate", "read_log"} <= set(names)
+    assert load_callable and train_module == "octlm.api"
+
+
+def test_the_facade_names_are_the_functions_even_after_their_submodules_load() -> None:
+    assert (octlm.train, octlm.load, octlm.generate) == (api.train, api.load, api.generate)
+    assert octlm.read_log is read_log and octlm.TrainConfig is TrainConfig
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        octlm.nope  # noqa: B018
+
+
+def test_no_code_reaches_a_submodule_through_the_api_names() -> None:
+    """`import octlm.train.step` then `octlm.train.step.x` finds the function `octlm.train`."""
+    shadowed = ("octlm.train", "octlm.load", "octlm.generate")
+    bad = []
+    for folder in ("octlm", "tests", "bench", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                    bad += [f"{path}: {n}" for n in names if n.startswith(shadowed)]
+    assert bad == []
+
+
+def test_the_progress_bars_are_tqdm_auto() -> None:
+    assert loop.tqdm is tqdm and prepare.tqdm is tqdm  # a widget in Jupyter
+
+
+def readme_snippet() -> str:
+    section = README.read_text(encoding="utf-8").split("\n## From Python\n", 1)[1]
+    return re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)[0]
+
+
+@pytest.mark.slow
+def test_the_readme_snippet_runs(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", readme_snippet()],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout  # the progress bar's validation line comes first
+    assert re.search(r"^20 steps, val loss \d+\.\d{3}, weights [0-9a-f]{12}\nROMEO:", out, re.M)
+    assert re.search(r"^train loss \d+\.\d\d -> \d+\.\d\d$", out, re.M)
+
+
+def test_train_returns_the_run_and_takes_overrides(tiny_dataset: Path, tmp_path: Path) -> None:
+    cfg = small(tiny_dataset, tmp_path / "run", val_every=3)
+    result = octlm.train(cfg, steps=4, warmup=1)  # overrides apply to a TrainConfig too
+    assert result.out == tmp_path / "run" and result.step == 4 and not result.stopped_early
+    assert result.weights_sha256 == read_log(result.out)[-1]["weights_sha256"]
+    assert result.val_loss is not None and result.last_loss is not None
+    model, tokenizer, meta = octlm.load(result.out)
+    assert meta["train_state"]["step"] == 4 and not model.training
+    first = octlm.generate(result.out, "the", max_new_tokens=8, temperature=1.0, top_k=5, seed=3)
+    again = octlm.generate((model, tokenizer, meta), "the", max_new_tokens=8, seed=3)
+    assert first.startswith("the") and again.startswith("the")
+    with pytest.raises(OctlmError, match="already holds a run"):
+        octlm.train(cfg)
+
+
+def test_train_from_a_thread_installs_no_handler(tiny_dataset: Path, tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    results: list = []
+    worker = threading.Thread(
+        target=lambda: results.append(octlm.train(small(tiny_dataset, tmp_path / "t")))
+    )
+    worker.start()
+    worker.join(timeout=120)
+    assert [r.step for r in results] == [3] and results[0].weights_sha256
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def interrupt_after_steps(log: Path, steps: int) -> threading.Thread:
+    """Send this process a SIGINT once the log holds `steps` step records."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if log.is_file() and log.read_text().count('"type": "step"') >= steps:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_sigint_stops_an_in_process_run_with_a_checkpoint(tiny_dataset, tmp_path) -> None:
+    out = tmp_path / "stopped"
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    watcher = interrupt_after_steps(out / "log.jsonl", 2)
+    result = octlm.train(small(tiny_dataset, out, steps=100_000))
+    watcher.join()
+    assert result.stopped_early and result.weights_sha256 is None and 2 <= result.step < 100_000
+    assert read_latest(out)[-1]["step"] == result.step  # the checkpoint of the step it stopped at
+    stop = read_log(out)[-1]
+    assert (stop["event"], stop["reason"], stop["step"]) == ("stop", "SIGINT", result.step)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert octlm.load(out).meta["train_state"]["step"] == result.step
+
+
+def test_a_second_signal_in_process_raises_keyboard_interrupt_and_restores() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), StopFlag() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested == "SIGINT"
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_the_cli_s_second_signal_still_exits_at_once() -> None:
+    code = (
+        "import signal\nfrom octlm.train.guards import StopFlag\n"
+        "with StopFlag(hard_exit=True):\n"
+        "    signal.raise_signal(signal.SIGINT)\n    signal.raise_signal(signal.SIGINT)\n"
+        "print('not reached')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 128 + signal.SIGINT and "not reached" not in proc.stdout
