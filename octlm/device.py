@@ -8,6 +8,7 @@ PyTorch's bitwise promise depends on (release, platform, device, threads).
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from octlm.config import DTYPES
 from octlm.errors import OctlmError
 
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 assert tuple(TORCH_DTYPES) == DTYPES
@@ -34,7 +36,33 @@ def resolve_device(name: str | torch.device) -> torch.device:
         raise OctlmError(f"device {name!r} is unknown", "use cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise OctlmError(f"device {name} requested but CUDA is not available", "use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise OctlmError(
+            f"device {name} requested but MPS is not available (Apple silicon with macOS only)",
+            "use --device cpu",
+        )
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise OctlmError(f"device {name!r} is not supported", "use cpu, cuda, cuda:N, mps or auto")
     return device
+
+
+def bf16_problem(name: str, capability: tuple[int, int]) -> str | None:
+    """Why a GPU cannot run --dtype bf16 (tensor-core bf16 needs compute capability 8.0, Ampere
+    and later: on older GPUs autocast emulates it, or fails in a kernel), or None."""
+    if capability >= (8, 0):
+        return None
+    major, minor = capability
+    return f"{name} (compute capability {major}.{minor}) has no bf16; it needs 8.0 or later"
+
+
+def check_device_dtype(device: torch.device, dtype: str) -> None:
+    """A one-line error for a dtype this device cannot compute in."""
+    if device.type == "cuda" and dtype == "bf16":
+        problem = bf16_problem(
+            torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+        )
+        if problem:
+            raise OctlmError(problem, "use --dtype fp16 (with its loss scaler) or --dtype fp32")
 
 
 def check_dtype(dtype: str) -> None:
@@ -48,6 +76,22 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     if low is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=low)
+
+
+def memory_mb(device: torch.device) -> float | None:
+    """Memory for the log's step record, in MiB: on CUDA the peak allocated since the last call
+    (the step's own peak: the counter is reset here), on CPU the process's resident set now."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return round(peak / 2**20, 1)
+    if device.type == "mps":
+        return round(torch.mps.current_allocated_memory() / 2**20, 1)
+    try:  # Linux: resident pages x page size, without a syscall per field
+        resident = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return round(resident * PAGE_BYTES / 2**20, 1)
 
 
 def device_name(device: torch.device) -> str:

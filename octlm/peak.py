@@ -8,6 +8,7 @@ and (on CPU) the intra-op thread count, so `measured_peak` never returns another
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,8 +20,24 @@ from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write_bytes, cache_dir
 
 SIZES = (512, 1024, 2048)
-# Dense bf16 peaks (FLOP/s) for MFU; a device not listed needs --peak-tflops or `bench peak`.
-GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "4090": 165e12}
+# Dense bf16 tensor-core peaks (FLOP/s) for MFU, matched against torch.cuda.get_device_name in
+# order (the first pattern that matches wins, so a variant comes before its family). Datasheet
+# numbers, without sparsity; the RTX 4060 Laptop GPU's is the second seed's measured matmul rate
+# (its datasheet depends on the laptop's power limit). A device not listed needs --peak-tflops
+# or `octlm bench peak`.
+GPU_PEAKS: tuple[tuple[str, float], ...] = (
+    (r"\bH100\b.*\bPCIe\b", 756e12),
+    (r"\bH100\b.*\bNVL\b", 835e12),
+    (r"\bH100\b", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"\bH200\b.*\bNVL\b", 835e12),
+    (r"\bH200\b", 989e12),
+    (r"\bA100\b", 312e12),  # SXM4 and PCIe, 40 and 80 GB
+    (r"\bL40S\b", 362e12),
+    (r"\bL40\b", 181e12),
+    (r"\bL4\b", 121e12),
+    (r"\bRTX 4090\b", 165.2e12),
+    (r"\bRTX 4060 Laptop\b", 25.3e12),
+)
 CACHE_NAME = "peak.json"
 
 
@@ -147,6 +164,10 @@ def peak_flops(peak_tflops: float | None, device: torch.device, dtype: str) -> f
     if measured:
         return measured
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
+        return table_peak(torch.cuda.get_device_name(device))
     return None
+
+
+def table_peak(name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its name, or None when the table does not know it."""
+    return next((flops for pattern, flops in GPU_PEAKS if re.search(pattern, name)), None)

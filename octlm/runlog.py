@@ -60,6 +60,7 @@ class Counters(Protocol):
 class Throughput(Protocol):
     def tokens_per_second(self, dt: float) -> float: ...
     def mfu(self, tok_per_s: float) -> float | None: ...
+    def memory_mb(self) -> float | None: ...
 
 
 class EvalNumbers(Protocol):
@@ -147,6 +148,7 @@ class RunLog:
             dt=round(numbers.dt, 6),
             tok_per_s=round(tok_per_s, 1),
             mfu=round(mfu, 5) if mfu is not None else None,
+            mem_mb=meter.memory_mb(),  # CUDA: the step's peak allocated; CPU: resident now
             elapsed=round(state.elapsed, 3),
             **(skipped if numbers.skipped else {}),
         )

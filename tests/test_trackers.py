@@ -27,6 +27,9 @@ class Meter:
     def mfu(self, tok_per_s: float) -> float | None:
         return None
 
+    def memory_mb(self) -> float | None:
+        return 123.0
+
 
 def write_steps(log: RunLog, steps: range, salt: float) -> None:
     """Step records, and a val record every third step, whose values depend on `salt`: a

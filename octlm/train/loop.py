@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from octlm.config import TrainConfig
-from octlm.device import build_info
+from octlm.device import build_info, memory_mb
 from octlm.errors import OctlmError
 from octlm.evaluate import EvalResult
 from octlm.peak import peak_flops
@@ -140,6 +140,8 @@ class Meter:
         self.flops_per_token = run.model.flops_per_token(run.cfg.context)
         self.peak = peak_flops(run.cfg.peak_tflops, run.device, run.cfg.dtype)
         self.before, self.start = run.state.elapsed, time.perf_counter()
+        self.device = run.device
+        memory_mb(self.device)  # on CUDA: the first step's peak starts here, not at the build
 
     def tokens_per_second(self, dt: float) -> float:
         return self.tokens_per_step / dt
@@ -149,6 +151,9 @@ class Meter:
 
     def elapsed(self) -> float:
         return self.before + time.perf_counter() - self.start
+
+    def memory_mb(self) -> float | None:
+        return memory_mb(self.device)
 
 
 class Progress:

@@ -20,7 +20,7 @@ from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
-from octlm.device import build_info
+from octlm.device import build_info, check_device_dtype
 from octlm.errors import OctlmError
 from octlm.evaluate import EvalResult, ValidationSet, validate
 from octlm.hashing import weights_sha256
@@ -264,6 +264,7 @@ def build_run(cfg: TrainConfig) -> Run:
     """Join the process group, then build every part in the order the bits depend on."""
     dist, device = init_distributed(cfg.device)
     cfg, notes = elastic_config(cfg, dist.world) if cfg.resume else (cfg, [])
+    check_device_dtype(device, cfg.dtype)
     configure_determinism(cfg.deterministic, device)
     data_dir, dataset, tokenizer = _open_data(cfg)
     init = plan_init(cfg, tokenizer)  # reads the --init-from source (unless a resume wins)

@@ -75,6 +75,7 @@ def test_log_reads_as_one_run(tiny_dataset, tmp_path) -> None:
     resumes = [r for r in records if r.get("event") == "resume"]
     assert len(resumes) == 1 and resumes[0]["step"] == 4
     assert records[0]["type"] == "header" and records[-1]["type"] == "end"
+    assert all(r["mem_mb"] > 0 for r in records if r["type"] == "step")  # CPU: resident MiB
 
 
 def test_control_fresh_optimizer_differs(tiny_dataset, straight, tmp_path) -> None:
