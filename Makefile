@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# torch first and pinned: the CPU wheel on this disk; an unpinned torch pulls a CUDA build.
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,hf,plot,data,tensorboard,wandb]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,hf,plot,data,tensorboard,wandb,eval]'
 	@touch $(STAMP)
 
 # The main job on the embedded corpus: prepare, train tiny stopped halfway and resumed, the same

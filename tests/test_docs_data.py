@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 from octlm.data.corpus import Document
 from octlm.data.shards import ShardDataset
 from octlm.hashing import file_sha256
+from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -31,9 +29,7 @@ SAMPLE_CHARS = 250_000  # per input file: a few hundred KB keeps the section und
 
 
 def cookbook_blocks() -> list[str]:
-    text = DOC.read_text(encoding="utf-8")
-    section = text.split("\n## Cookbook\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    return section_blocks(DOC, "Cookbook")
 
 
 def pieces(works: list[Document], size: int) -> list[str]:
@@ -69,16 +65,6 @@ def make_inputs(folder: Path, docs: list[Document]) -> None:
         f.writelines(json.dumps({"text": text}) + "\n" for text in pieces(works[6:9], 1500))
 
 
-def shim(folder: Path) -> Path:
-    """A bin folder whose `octlm` is this interpreter's `python -m octlm`."""
-    bin_dir = folder / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "octlm"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m octlm "$@"\n')
-    script.chmod(0o755)
-    return bin_dir
-
-
 def test_the_cookbook_has_the_five_recipes() -> None:
     blocks = cookbook_blocks()
     assert len(blocks) == 5, blocks
@@ -92,18 +78,9 @@ def test_every_cookbook_block_runs(tmp_path, corpus_docs) -> None:
     work = tmp_path / "work"
     work.mkdir()
     make_inputs(work, corpus_docs)
-    env = {**os.environ, "PATH": f"{shim(tmp_path)}{os.pathsep}{os.environ['PATH']}"}
+    env = shim_env(shim(tmp_path, "octlm"))
     for block in cookbook_blocks():
-        result = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, f"{block}\n{result.stderr[-3000:]}"
+        run_block(block, work, env)
         for out in re.findall(r"--out (\S+)", block):
             path = work / out
             if out.endswith(".json"):  # `octlm tokenizer train --out tok.json`
