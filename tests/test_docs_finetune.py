@@ -3,9 +3,7 @@ and `python` meaning this checkout's interpreter; only its step counts and batch
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 
 from octlm.data.shards import ShardDataset
 from octlm.runlog import read_log
+from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 
 pytestmark = pytest.mark.slow
 
@@ -20,36 +19,19 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "finetune.md"
 
 
 def walkthrough() -> str:
-    section = DOC.read_text(encoding="utf-8").split("\n## A complete run", 1)[1]
-    blocks = re.findall(r"```bash\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
+    blocks = section_blocks(DOC, "A complete run, on CPU in about 3 minutes")
     assert len(blocks) == 1
     return blocks[0]
-
-
-def shim(folder: Path) -> Path:
-    bin_dir = folder / "bin"
-    bin_dir.mkdir()
-    for name, command in (("octlm", f'"{sys.executable}" -m octlm'), ("python", sys.executable)):
-        (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
-        (bin_dir / name).chmod(0o755)
-    return bin_dir
 
 
 def test_the_walkthrough_runs(tmp_path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    env = {
-        **os.environ,
-        "PATH": f"{shim(tmp_path)}{os.pathsep}{os.environ['PATH']}",
-        "BASE_STEPS": "21",
-        "TUNE_STEPS": "11",
-        "BATCH": "4",
-    }
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", walkthrough()],
-        cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    bin_dir = shim(tmp_path, "octlm")
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", BATCH="4")
+    result = run_block(walkthrough(), work, env)
     data = ShardDataset.open(work / "data" / "replies", verify_checksums=True)
     assert data.masked and data.manifest["splits"]["train"]["documents"] > 20_000
     tuned = read_log(work / "runs" / "replies")
