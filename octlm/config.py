@@ -122,6 +122,10 @@ class TrainConfig:
     """fp32, or autocast over fp32 weights with bf16 or fp16 (fp16 adds a GradScaler)."""
     compile: bool = _trajectory(False)
     """Wrap the model with torch.compile."""
+    activation_checkpointing: bool = _setting(False)
+    """Recompute each block's activations in the backward pass instead of storing them: less
+    memory for about one more forward per step, the same bits (a setting, so a resume may
+    turn it on or off)."""
     fused: bool = _trajectory(False)
     """Use the fused AdamW kernel."""
     deterministic: bool = _trajectory(False)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
 """Targets equal to this are excluded from the loss (the data layer maps PAD targets to it)."""
@@ -274,6 +275,10 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.rope = RotaryEmbedding(config)
+        self.activation_checkpointing = False
+        """Recompute each block's activations in the backward pass instead of keeping them
+        (less memory, about one more forward); the RNG state is replayed, so dropout draws the
+        same masks and the bits stay those of a plain run (tests/e2e/test_memory.py)."""
         self.init_weights()
 
     @torch.no_grad()
@@ -322,8 +327,12 @@ class GPT(nn.Module):
                 )
             mask, positions = segment_attention(segments)
             cos, sin = self.rope.at(positions)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            h = layer(h, cos, sin, mask)
+            if recompute:
+                h = checkpoint(layer, h, cos, sin, mask, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin, mask)
         h = self.norm(h)
         logits = F.linear(h, self.tok_embeddings.weight)  # (B, T, V), tied output layer
         if targets is None:

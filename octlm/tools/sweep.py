@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import itertools
 import os
+import queue
 import statistics
 import sys
 import time
@@ -27,6 +28,31 @@ from octlm.runlog import log_file, read_log
 from octlm.tools import subrun
 
 _TYPES = {f.name: str(f.type).replace(" | None", "") for f in fields(TrainConfig)}
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a job may be given: CUDA_VISIBLE_DEVICES's entries when set, else every device
+    torch sees; none without CUDA."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
+    import torch  # only here: the sweep's other work needs no torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def gpu_slots(gpus: list[str], jobs: int) -> list[str]:
+    """The GPUs `jobs` parallel runs get, one each; [] when there is no GPU (the runs share the
+    CPU's threads) or one job (it keeps what it sees). More jobs than GPUs is an error: two runs
+    on one GPU would fight for its memory."""
+    if not gpus or jobs <= 1:
+        return []
+    if jobs > len(gpus):
+        raise OctlmError(
+            f"--jobs {jobs} with {len(gpus)} visible GPU(s) ({','.join(gpus)}): one job per GPU",
+            f"pass --jobs {len(gpus)} or fewer",
+        )
+    return gpus[:jobs]
 
 
 @dataclass(frozen=True)
@@ -119,6 +145,7 @@ class Sweep:
         self.config_path = out / "base.toml"
         self.durations: list[float] = []
         self.failures: dict[str, str] = {}
+        self.gpus: queue.Queue[str] | None = None  # free GPUs, when each job gets its own
         self.todo = 0
 
     def run_dir(self, spec: RunSpec) -> Path:
@@ -131,10 +158,12 @@ class Sweep:
             flags += [f"--{key.replace('_', '-')}", _fmt(value)]
         return flags
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, gpu: str | None) -> dict[str, str]:
         env = dict(os.environ)
         if self.jobs > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.jobs))
+        if gpu is not None:  # the run sees its one GPU as cuda:0
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         return env
 
     def _run_one(self, index: int, spec: RunSpec) -> None:
@@ -152,7 +181,12 @@ class Sweep:
         )
         t0 = time.perf_counter()
         run_dir, flags = self.run_dir(spec), self.flags(spec)
-        error = subrun.train(self.config_path, run_dir, *flags, env=self._env())
+        gpu = self.gpus.get() if self.gpus is not None else None
+        try:
+            error = subrun.train(self.config_path, run_dir, *flags, env=self._env(gpu))
+        finally:
+            if self.gpus is not None:
+                self.gpus.put(gpu)
         if error is not None:
             self.failures[spec.name] = error
             print(f"  {spec.name} failed: {error}", file=sys.stderr, flush=True)
@@ -160,6 +194,12 @@ class Sweep:
         self.durations.append(time.perf_counter() - t0)
 
     def run(self) -> None:
+        slots = gpu_slots(visible_gpus(), self.jobs)
+        self.gpus = None
+        if slots:  # one job per GPU: a job takes a free one and gives it back when done
+            self.gpus = queue.Queue()
+            for gpu in slots:
+                self.gpus.put(gpu)
         subrun.write_config(self.base, self.config_path)  # prepares the embedded corpus once
         todo = [(i, s) for i, s in enumerate(self.specs) if not finished(self.run_dir(s))]
         self.todo = len(todo)

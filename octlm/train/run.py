@@ -270,6 +270,7 @@ def build_run(cfg: TrainConfig) -> Run:
     init = plan_init(cfg, tokenizer)  # reads the --init-from source (unless a resume wins)
     model_config, model = _build_model(cfg, tokenizer, init)
     model = model.to(device)
+    model.activation_checkpointing = cfg.activation_checkpointing
     notes += init.notes if init else []
     wrapped = wrap_model(model, dist, cfg.parallel, device)
     optimizer = build_optimizer(model, cfg)  # after wrapping: FSDP shards the parameters

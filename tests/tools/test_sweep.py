@@ -5,6 +5,8 @@ tests/e2e/test_sweep.py."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,10 +21,12 @@ from octlm.tools.sweep import (
     base_from,
     final_val_loss,
     finished,
+    gpu_slots,
     mark_noise,
     parse_assignments,
     parse_set,
     plan,
+    visible_gpus,
 )
 from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
 
@@ -150,3 +154,34 @@ def test_a_bad_sweep_file_is_one_error(tmp_path: Path) -> None:
         path.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(expected)):
             base_from(str(path), {})
+
+
+def test_each_parallel_job_gets_its_own_gpu(tmp_path: Path, monkeypatch) -> None:
+    """With GPUs visible, --jobs N runs N at a time, each on a GPU no other running job has
+    (CUDA_VISIBLE_DEVICES set to it); with more jobs than GPUs the sweep refuses in one line."""
+    assert gpu_slots([], 4) == [] and gpu_slots(["0", "1"], 1) == []
+    assert gpu_slots(["3", "5", "7"], 2) == ["3", "5"]
+    with pytest.raises(OctlmError, match="--jobs 3 with 2 visible GPU"):
+        gpu_slots(["0", "1"], 3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert visible_gpus() == ["4", "6"]
+    base = TrainConfig(model="tiny", context=32, steps=6, warmup=2, data=str(tmp_path / "data"))
+    specs = plan(base, {"lr": [1e-3, 2e-3, 3e-3, 4e-3]}, [], repeats=1)
+    sweep = Sweep(tmp_path / "sw", base, specs, jobs=2)
+    lock, running, seen = threading.Lock(), set(), []
+
+    def train(config: Path, out: Path, *flags: str, env=None) -> str | None:
+        gpu = env["CUDA_VISIBLE_DEVICES"]
+        with lock:
+            assert gpu not in running  # no two running jobs share a GPU
+            running.add(gpu)
+            seen.append(gpu)
+        time.sleep(0.05)
+        write_log(out)
+        with lock:
+            running.discard(gpu)
+        return None
+
+    monkeypatch.setattr(subrun, "train", train)
+    sweep.run()
+    assert len(seen) == 4 and set(seen) <= {"4", "6"}
