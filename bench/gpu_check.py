@@ -37,6 +37,8 @@ VARIANTS = {
     "compile": {"compile": True},
     "fused+compile": {"fused": True, "compile": True},
     "fused+compile+deterministic": {"fused": True, "compile": True, "deterministic": True},
+    # Issue 17: the memory/time trade of recomputed blocks (the log's mem_mb shows the peak).
+    "activation-checkpointing": {"activation_checkpointing": True},
 }
 
 
