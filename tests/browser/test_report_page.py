@@ -98,7 +98,7 @@ def logged(run: Path, kind: str) -> list[dict]:
 def test_report_embeds_the_real_runs(report: Path, runs: dict[str, Path]) -> None:
     split, straight = embedded(report)["runs"]
     assert (split["name"], straight["name"]) == ("split", "straight")
-    assert split["steps"]["step"] == straight["steps"]["step"] == list(range(STEPS))
+    assert split["steps"]["step"] == straight["steps"]["step"] == list(range(1, STEPS + 1))
     assert split["steps"]["loss"] == [r["loss"] for r in logged(runs["split"], "step")]
     assert [(e["event"], e["step"]) for e in split["events"]] == [("resume", STOP)]
     assert straight["events"] == [] and straight["samples"] == []
