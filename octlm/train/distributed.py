@@ -133,15 +133,29 @@ def barrier(info: DistInfo) -> None:
 
 # -- full (unsharded) state, the same layout whatever the parallelism -------------------------
 # Checkpoints always hold the full model and an index-keyed optimizer state, exactly what a
-# single process writes. Under FSDP every sharded tensor is all-gathered (the full state must
-# fit in one process's memory) and re-sharded on load with the parameter's own placement, so
-# any world size and either wrapper can resume any checkpoint. No DCP, so no pickle.
+# single process writes. Under FSDP every sharded tensor is all-gathered one at a time: rank 0,
+# which writes the file, keeps each whole tensor on the host (a GPU holds one at a time), and
+# every other rank drops it at once, so only rank 0 needs the full state's memory. On load every
+# tensor is re-sharded with the parameter's own placement, so any world size and either wrapper
+# can resume any checkpoint. No DCP, so no pickle.
 
 
 def _full(value):
     from torch.distributed.tensor import DTensor
 
     return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _gathered(items, keep: bool) -> dict:
+    """{key: whole tensor on the host} on the rank that keeps them; {} elsewhere. Every rank
+    must call it with the same keys in the same order: each all-gather is a collective."""
+    out = {}
+    for key, value in items:
+        whole = _full(value)
+        if keep:
+            out[key] = whole.cpu() if whole.device.type != "cpu" else whole
+        del whole
+    return out
 
 
 def _like(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -154,8 +168,11 @@ def _like(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 def full_model_state(model: nn.Module, info: DistInfo, parallel: str) -> dict[str, torch.Tensor]:
-    """Every weight whole, on every rank (collective under FSDP)."""
-    return {k: _full(v) for k, v in model.state_dict().items()}
+    """Every weight whole: on every rank, but under FSDP (collective) on rank 0 only and on the
+    host; the other ranks get {}."""
+    if not _fsdp(info, parallel):
+        return dict(model.state_dict())
+    return _gathered(model.state_dict().items(), info.is_main)
 
 
 def full_optim_state(
@@ -165,14 +182,17 @@ def full_optim_state(
     parallel: str,
     names: list[str],
 ) -> dict:
-    """`optimizer.state_dict()` with every tensor whole (collective under FSDP)."""
+    """`optimizer.state_dict()` with every tensor whole; under FSDP (collective) on rank 0
+    only, on the host, the other ranks' "state" left empty."""
     sd = optimizer.state_dict()
     if not _fsdp(info, parallel):
         return sd
-    return {
-        "state": {i: {k: _full(v) for k, v in st.items()} for i, st in sd["state"].items()},
-        "param_groups": sd["param_groups"],
-    }
+    state = {}
+    for i, st in sd["state"].items():  # the same order on every rank: the collectives pair up
+        whole = _gathered(st.items(), info.is_main)
+        if info.is_main:
+            state[i] = whole
+    return {"state": state, "param_groups": sd["param_groups"]}
 
 
 def load_full_state(

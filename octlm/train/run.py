@@ -183,10 +183,11 @@ class Run:
     def save(self) -> None:
         """Checkpoint the run as it is now: written before this returns, or (async_checkpoint)
         from a private host copy in the background; `self.saver.wait()` waits for it."""
-        meta, tensors = ckpt.pack(self.state_dict())
+        state = self.state_dict()  # collective: every rank takes part in the gathers
         if not self.dist.is_main:  # one file, written by rank 0; the others go on
-            barrier(self.dist)
+            barrier(self.dist)  # (under FSDP they hold no whole tensor: see distributed.py)
             return
+        meta, tensors = ckpt.pack(state)
         if self.saver.background:  # later steps must not reach what the writer reads
             meta, tensors = ckpt.host_copy(meta, tensors)
         step, out, cfg = self.state.step, self.out, self.cfg
