@@ -6,9 +6,13 @@ file intact and never a half-written one under the final name.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from octlm.errors import OctlmError
 
 
 def cache_dir() -> Path:
@@ -45,3 +49,15 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(path.parent)
+
+
+def read_json_object(path: Path, error: type[OctlmError], fix: str) -> dict[str, Any]:
+    """A JSON file that must hold an object (a config file beside weights or a tokenizer); any
+    other content is `error(problem, fix)`, one line."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path} is not readable JSON ({exc})", fix) from None
+    if not isinstance(data, dict):
+        raise error(f"{path} is not a JSON object", fix)
+    return data

@@ -35,6 +35,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from octlm.errors import TokenizerError
+from octlm.fsutil import read_json_object
 from octlm.hashing import file_sha256
 from octlm.tokenizer import SPECIAL_TOKENS, Specials, Tokenizer, octlm_specials, read_tokenizer_json
 
@@ -62,16 +63,6 @@ def tokenizer_json(path: Path) -> Path:
     if not path.is_file():
         raise TokenizerError(f"tokenizer file not found: {path}", "check the path")
     return path
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{path} is not readable JSON ({exc})", "fix or remove it") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} is not a JSON object", "fix or remove it")
-    return data
 
 
 def _token_content(value: Any) -> str | None:
@@ -131,7 +122,9 @@ def resolve_specials(hf: HFTokenizer, file: Path) -> Specials | None:
     if octlm_specials(hf) is not None:
         return None  # octlm's own, whatever the folder says (see the module docstring)
     files = [name for name in CONFIG_FILES if (folder / name).is_file()]
-    configs = {name: _read_json(folder / name) for name in files}
+    configs = {
+        name: read_json_object(folder / name, TokenizerError, "fix or remove it") for name in files
+    }
     bos, eos, pad = (_role_id(role, configs, hf, folder) for role in ROLES)
     if eos is None:
         raise TokenizerError(

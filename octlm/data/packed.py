@@ -4,11 +4,12 @@ side of `octlm.data.packing`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
 
-from octlm.data.packing import START, TARGET, pack, waste_shares
+from octlm.data.packing import START, TARGET, pack
 from octlm.data.shards import TokenStream
 from octlm.hashing import sha256_bytes
 from octlm.model import IGNORE_INDEX
@@ -53,7 +54,7 @@ class PackedWindows:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
-    @property
+    @cached_property  # asked at every checkpoint; the layout never changes
     def digest(self) -> str:
         """sha256 of the window layout: a sampler state proves its windows are these."""
         return sha256_bytes(self.members.tobytes() + self.bounds.tobytes())
@@ -85,5 +86,6 @@ class PackedWindows:
         return torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(segments)
 
     def padding_share(self) -> float:
-        """Share of the windows' positions that are padding."""
-        return waste_shares(self.lengths - 1, self.context)["packed"]
+        """Share of the windows' positions that are padding (of these windows: no re-packing)."""
+        used = int((self.lengths[self.members] - 1).sum())
+        return 1 - used / max(1, len(self) * self.context)

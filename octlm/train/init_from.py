@@ -9,7 +9,6 @@ dropout, and its data must use the source's tokenizer.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from safetensors import safe_open
 
 from octlm.config import TrainConfig
 from octlm.errors import OctlmError
+from octlm.fsutil import read_json_object
 from octlm.hashing import file_sha256, weights_sha256
 from octlm.llama import model_config_from_hf, octlm_state_dict
 from octlm.model import GPT, PRESETS, ModelConfig
@@ -28,6 +28,7 @@ from octlm.train import checkpoint as ckpt
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HF_CONFIG, HF_WEIGHTS, HF_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+FIX_JSON = "fix or replace it"
 # The fields a preset or a shape flag sets: with --init-from they must agree with the source.
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "rope_base", "norm_eps")
 SHAPE_FIELDS += ("init_std",)
@@ -68,22 +69,13 @@ def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InitFromError(f"{path} is not readable JSON ({exc})", "fix or replace it") from None
-    if not isinstance(data, dict):
-        raise InitFromError(f"{path} is not a JSON object", "fix or replace it")
-    return data
-
-
 def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
-    shape = model_config_from_hf(_read_json(folder / HF_CONFIG))
+    shape = model_config_from_hf(read_json_object(folder / HF_CONFIG, InitFromError, FIX_JSON))
     if (folder / HF_WEIGHTS).is_file():
         files = [folder / HF_WEIGHTS]
     elif (folder / HF_INDEX).is_file():
-        weight_map = _read_json(folder / HF_INDEX).get("weight_map") or {}
+        index = read_json_object(folder / HF_INDEX, InitFromError, FIX_JSON)
+        weight_map = index.get("weight_map") or {}
         files = [folder / name for name in sorted(set(weight_map.values()))]
     else:
         for other in sorted(folder.iterdir()):

@@ -19,6 +19,11 @@ from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
 
 STEPS = 8
+QUICK_CONTEXT = 32
+QUICK_RUN = ("--context", str(QUICK_CONTEXT), "--micro-batch", "2", "--accum", "1", "--warmup", "1")
+QUICK_RUN += ("--lr", "3e-3", "--dtype", "fp32", "--val-every", "0", "--val-batches", "1")
+QUICK_RUN += ("--ckpt-every", "0", "--no-async-checkpoint", "--no-progress")
+"""A few steps' settings without validation or checkpoints but the last (init-from tests)."""
 
 
 def octlm(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:

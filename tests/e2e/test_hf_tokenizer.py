@@ -17,18 +17,14 @@ import numpy as np
 import pytest
 
 from octlm.data.shards import ShardDataset
-from tests.e2e.helpers import octlm
+from tests.e2e.helpers import QUICK_CONTEXT, QUICK_RUN, octlm
 from tests.hf_folders import VARIED, byte_level_folder, corpus_texts, llama_folder
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 os.environ["HF_HUB_OFFLINE"] = "1"  # loading must never reach the network
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
-CONTEXT = 32
-RUN = ("--context", str(CONTEXT), "--micro-batch", "2", "--accum", "1", "--warmup", "1")
-RUN += ("--lr", "3e-3", "--dtype", "fp32", "--val-every", "0", "--val-batches", "1")
-RUN += ("--ckpt-every", "0", "--no-async-checkpoint", "--no-progress")
+CONTEXT, RUN = QUICK_CONTEXT, QUICK_RUN
 TEXTS = [VARIED, *corpus_texts(60, seed=7)]
 
 

@@ -24,16 +24,12 @@ from octlm.data.shards import ShardDataset
 from octlm.load import load_model
 from octlm.runlog import read_log
 from octlm.train.run import build_run
-from tests.e2e.helpers import end_hash, octlm
+from tests.e2e.helpers import QUICK_CONTEXT, QUICK_RUN, end_hash, octlm
 
 pytestmark = pytest.mark.slow
 os.environ["HF_HUB_OFFLINE"] = "1"  # loading must never reach the network
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
-CONTEXT = 32
-RUN = ("--context", str(CONTEXT), "--micro-batch", "2", "--accum", "1", "--warmup", "1")
-RUN += ("--lr", "3e-3", "--dtype", "fp32", "--val-every", "0", "--val-batches", "1")
-RUN += ("--ckpt-every", "0", "--no-async-checkpoint", "--no-progress")
+CONTEXT, RUN = QUICK_CONTEXT, QUICK_RUN
 
 
 def train(data: Path, out: Path, *extra: str, check: bool = True):
