@@ -21,7 +21,7 @@ from octlm.cli_data import add_data_commands
 from octlm.config import DTYPES, TrainConfig, config_keys, field_docs
 from octlm.config_files import load_toml, make_config, to_toml
 from octlm.data.shards import SPLITS
-from octlm.errors import OctlmError
+from octlm.errors import OctlmError, RankError
 from octlm.hashing import weights_sha256
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
@@ -350,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except OctlmError as exc:
-        print(f"octlm: error: {exc.message}", file=sys.stderr)
+        if isinstance(exc, RankError) or os.environ.get("RANK", "0") == "0":
+            print(f"octlm: error: {exc.message}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)

@@ -26,3 +26,8 @@ class DataError(OctlmError):
 
 class TokenizerError(OctlmError):
     """Bad tokenizer file or settings."""
+
+
+class RankError(OctlmError):
+    """What one rank of a multi-process run alone hit (a file it cannot read): that rank prints
+    it. An error every rank raises alike is printed by rank 0 only, not once per process."""

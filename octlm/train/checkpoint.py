@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import torch
 from safetensors import safe_open
@@ -296,9 +296,18 @@ def read_latest(run_dir: Path) -> list[dict[str, Any]]:
         ) from None
 
 
-def load_newest_valid(
-    run_dir: Path,
-) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor], list[str]] | None:
+class Found(NamedTuple):
+    """A checkpoint that passed its checks, as `load_newest_valid` found it."""
+
+    path: Path
+    checksum: str
+    meta: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    notes: list[str]
+    """One line for each newer listed file that was skipped (damaged)."""
+
+
+def load_newest_valid(run_dir: Path) -> Found | None:
     """The newest listed checkpoint that passes its checks, with a note for each one skipped;
     None when nothing is listed. Raises when every listed file is damaged."""
     entries = read_latest(run_dir)
@@ -310,7 +319,7 @@ def load_newest_valid(
         except CheckpointError as exc:
             notes.append(f"{exc.problem}: falling back to the previous checkpoint")
             continue
-        return path, meta, tensors, notes
+        return Found(path, entry["checksum"], meta, tensors, notes)
     if entries:
         raise CheckpointError(
             f"none of the {len(entries)} checkpoints in {run_dir / CKPT_DIR} is intact",

@@ -8,6 +8,7 @@ whether or not this module is involved.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,6 +132,32 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
+def broadcast_json(obj: object, info: DistInfo, device: torch.device) -> object:
+    """Rank 0's JSON value on every rank (others pass anything). UTF-8 bytes on the wire, not
+    pickle: what a rank receives is data, whatever rank 0 read from disk."""
+    if not info.enabled:
+        return obj
+    data = json.dumps(obj).encode() if info.is_main else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, 0)
+    if info.is_main:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, 0)
+    return obj if info.is_main else json.loads(bytes(buf.cpu().tolist()).decode())
+
+
+def broadcast_tensor(tensor: torch.Tensor, info: DistInfo, device: torch.device) -> torch.Tensor:
+    """Rank 0's `tensor` on every rank, on the host; the others pass a tensor of its shape and
+    dtype to receive into."""
+    if not info.enabled:
+        return tensor
+    buf = tensor.to(device) if tensor.device != device else tensor.clone()
+    dist.broadcast(buf, 0)
+    return buf.cpu()
+
+
 # -- full (unsharded) state, the same layout whatever the parallelism -------------------------
 # Checkpoints always hold the full model and an index-keyed optimizer state, exactly what a
 # single process writes. Under FSDP every sharded tensor is all-gathered one at a time: rank 0,
@@ -159,12 +186,19 @@ def _gathered(items, keep: bool) -> dict:
 
 
 def _like(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """`full` laid out like `param`: sharded the same way when `param` is a DTensor."""
+    """`full` laid out like `param`: sharded the same way when `param` is a DTensor. Only rank
+    0's values count (`src_data_rank=0`: it scatters the shards), so the other ranks may pass a
+    shape-only `meta` placeholder (octlm/train/shared_load.py), which stands for one whole
+    tensor of scratch memory here for as long as the scatter takes."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    if isinstance(param, DTensor):
-        return distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
-    return full
+    if not isinstance(param, DTensor):
+        return full
+    if full.is_meta:
+        full = torch.empty(full.shape, dtype=full.dtype, device=param.device)
+    return distribute_tensor(
+        full.to(param.device), param.device_mesh, param.placements, src_data_rank=0
+    )
 
 
 def full_model_state(model: nn.Module, info: DistInfo, parallel: str) -> dict[str, torch.Tensor]:
@@ -204,18 +238,23 @@ def load_full_state(
     parallel: str,
     names: list[str],
 ) -> None:
-    """Load full state (every rank read the same file); under FSDP each rank keeps its shard."""
+    """Load full state; under FSDP each rank keeps its shard of rank 0's tensors (the other
+    ranks' weights and moments may be `meta` placeholders: see `_like`)."""
     if not _fsdp(info, parallel):
         model.load_state_dict(model_sd)
         optimizer.load_state_dict(optim_sd)
         return
     params = dict(model.named_parameters())
-    model.load_state_dict({k: _like(v, params[k]) for k, v in model_sd.items()})
+    # Each `_like` is a scatter: every rank must take the tensors in the same order, which the
+    # dicts' own order (a file's on rank 0, a message's elsewhere) need not be. Sorted keys are.
+    model.load_state_dict({k: _like(model_sd[k], params[k]) for k in sorted(model_sd)})
     by_index = [params[n] for n in names]
-    state = {
-        int(i): {k: _like(v, by_index[int(i)]) if v.dim() else v for k, v in st.items()}
-        for i, st in optim_sd["state"].items()
-    }
+    state = {}
+    for i in sorted(optim_sd["state"], key=int):
+        st = optim_sd["state"][i]
+        state[int(i)] = {
+            k: _like(st[k], by_index[int(i)]) if st[k].dim() else st[k] for k in sorted(st)
+        }
     optimizer.load_state_dict({"state": state, "param_groups": optim_sd["param_groups"]})
 
 

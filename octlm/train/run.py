@@ -50,6 +50,7 @@ from octlm.train.inputs import (
 )
 from octlm.train.optim import build_optimizer, param_names
 from octlm.train.saver import BackgroundSaver
+from octlm.train.shared_load import load_agreed
 from octlm.train.state import (
     TrainState,
     configure_determinism,
@@ -389,10 +390,10 @@ def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
 def resume(run: Run) -> tuple[Path, list[str]] | None:
     """Load the newest valid checkpoint in the run folder into `run`; None when there is none.
     Returns the file and the notes for the log (fallbacks, accepted changes, re-seeding)."""
-    found = ckpt.load_newest_valid(run.out)
+    fsdp = run.dist.enabled and run.cfg.parallel == "fsdp"
+    found = load_agreed(run.out, run.dist, run.device, fsdp)
     if found is None:
         return None
-    path, meta, tensors, notes = found
-    state = ckpt.unpack(meta, tensors)
-    notes = run.notes + notes + check_resumable(run, state)
-    return path, notes + run.load_state_dict(state)
+    state = ckpt.unpack(found.meta, found.tensors)
+    notes = run.notes + found.notes + check_resumable(run, state)
+    return found.path, notes + run.load_state_dict(state)

@@ -7,6 +7,9 @@ resumes across world sizes) must see the same data and end within a measured tol
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,18 +112,108 @@ def test_resume_across_world_sizes(tiny_dataset, single, tmp_path, direction) ->
     assert max_weight_diff(single, out) <= TOLERANCE
 
 
-def test_fsdp2_split_equals_straight_and_reshards(tiny_dataset, single, tmp_path) -> None:
-    straight = tmp_path / "fsdp"
-    octlm(*args(tiny_dataset, straight, "--accum", "1", "--nproc", "2", "--parallel", "fsdp"))
+FSDP = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
+
+
+@pytest.fixture(scope="module")
+def fsdp_straight(tiny_dataset, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    octlm(*args(tiny_dataset, out, *FSDP))
+    return out
+
+
+def test_fsdp2_split_equals_straight_and_reshards(
+    tiny_dataset, single, fsdp_straight, tmp_path
+) -> None:
     split = tmp_path / "fsdp-split"
-    fsdp = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
-    octlm(*args(tiny_dataset, split, *fsdp, "--stop-at", "3"))
-    octlm(*args(tiny_dataset, split, *fsdp, "--resume"))
-    assert end_hash(split) == end_hash(straight)
-    assert steps_of(split) == steps_of(straight)
+    octlm(*args(tiny_dataset, split, *FSDP, "--stop-at", "3"))
+    octlm(*args(tiny_dataset, split, *FSDP, "--resume"))
+    assert end_hash(split) == end_hash(fsdp_straight)
+    assert steps_of(split) == steps_of(fsdp_straight)
     # Sharded on 2 ranks, checkpointed whole, resumed (resharded) by one process.
     one = tmp_path / "fsdp-to-1"
-    octlm(*args(tiny_dataset, one, *fsdp, "--stop-at", "3"))
+    octlm(*args(tiny_dataset, one, *FSDP, "--stop-at", "3"))
     octlm(*args(tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume"))
-    assert max_weight_diff(straight, one) <= TOLERANCE
-    assert max_weight_diff(single, straight) <= TOLERANCE
+    assert max_weight_diff(fsdp_straight, one) <= TOLERANCE
+    assert max_weight_diff(single, fsdp_straight) <= TOLERANCE
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(data)
+
+
+def test_fsdp_ranks_fall_back_together_and_fail_in_one_line(
+    tiny_dataset, fsdp_straight, tmp_path
+) -> None:
+    """Rank 0 alone reads the file and picks the checkpoint; a damaged newest one is skipped by
+    every rank at once (the run still ends on the straight run's bits), and a folder with none
+    intact ends every rank with one line, printed once."""
+    out = tmp_path / "run"
+    octlm(*args(tiny_dataset, out, *FSDP, "--stop-at", "3"))  # checkpoints at steps 2 and 3
+    flip_a_byte(out / ckpt.CKPT_DIR / "step_000003.safetensors")
+    proc = octlm(*args(tiny_dataset, out, *FSDP, "--resume"))
+    assert "falling back to the previous checkpoint" in proc.stderr
+    assert "resumed from" in proc.stderr and "step_000002" in proc.stderr
+    assert end_hash(out) == end_hash(fsdp_straight)
+
+    broken = tmp_path / "broken"
+    octlm(*args(tiny_dataset, broken, *FSDP, "--stop-at", "2"))  # one checkpoint
+    flip_a_byte(broken / ckpt.CKPT_DIR / "step_000002.safetensors")
+    proc = octlm(*args(tiny_dataset, broken, *FSDP, "--resume"), check=False, timeout=120)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("octlm: error:")]
+    assert errors == [
+        f"octlm: error: none of the 1 checkpoints in {broken / ckpt.CKPT_DIR} is intact; "
+        "start a new run in another --out (or delete that folder)"
+    ]
+
+
+LOADER = r"""
+import json, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from octlm.train import checkpoint as ckpt
+from octlm.train.distributed import DistInfo
+from octlm.train.shared_load import load_agreed
+
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+dist.init_process_group("gloo")
+info = DistInfo(dist.get_rank(), dist.get_world_size(), dist.get_rank())
+found = load_agreed(run, info, torch.device("cpu"), fsdp=True)
+path, checksum = ckpt.find_checkpoint(run)
+_, on_disk = ckpt.load_checkpoint(path, checksum)
+(out / f"rank{info.rank}.json").write_text(json.dumps({
+    "file": found.path.name,
+    "meta_equal": found.meta == ckpt.load_checkpoint(path, None)[0],
+    "names_equal": sorted(found.tensors) == sorted(on_disk),
+    "placeholders": sorted(k for k, v in found.tensors.items() if v.is_meta),
+    "equal": sorted(k for k, v in found.tensors.items() if not v.is_meta
+                    and v.dtype == on_disk[k].dtype and torch.equal(v, on_disk[k])),
+}))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_other_ranks_get_placeholders_not_the_file(fsdp_straight, tmp_path) -> None:
+    """Under FSDP rank 1 holds no weight or moment of the file, only shape-only placeholders
+    (filled shard by shard from rank 0 by `load_full_state`), and exact copies of the rest."""
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    subprocess.run([*cmd, str(script), str(fsdp_straight), str(tmp_path)], check=True, timeout=120)
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    path, _ = ckpt.find_checkpoint(fsdp_straight)
+    _, on_disk = ckpt.load_checkpoint(path, None)
+    sharded = sorted(
+        k for k, v in on_disk.items() if k.startswith(("model.", "optim.")) and v.dim()
+    )
+    assert rank0["file"] == rank1["file"] == path.name
+    assert rank0["meta_equal"] and rank1["meta_equal"]
+    assert rank0["names_equal"] and rank1["names_equal"]
+    assert rank0["placeholders"] == [] and rank0["equal"] == sorted(on_disk)
+    assert rank1["placeholders"] == sharded and "model.tok_embeddings.weight" in sharded
+    assert rank1["equal"] == sorted(set(on_disk) - set(sharded))
+    assert any(k.startswith("rng1.") for k in rank1["equal"])  # every rank's generators

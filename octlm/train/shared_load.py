@@ -1,0 +1,110 @@
+"""The checkpoint a resume starts from, the same one on every rank, and under FSDP read from disk
+by rank 0 alone.
+
+Rank 0 picks the newest intact checkpoint (falling back past damaged ones) and tells the others
+its name and checksum, so no rank can start from another step than its peers because it saw the
+folder differently (a lagging network file system, a file damaged between two reads).
+
+- DDP: every rank then reads that file itself; each needs every weight anyway, and a rank that
+  cannot read it fails in one line that names the rank and the file.
+- FSDP: only rank 0 reads it. The others receive its metadata and its small tensors (generator
+  states, step counts) over the wire, and a shape-only `meta` placeholder for each weight and
+  AdamW moment, which `distributed.load_full_state` fills by scattering rank 0's tensor shard by
+  shard. So only rank 0 holds the whole state, the others one whole tensor at a time at most.
+
+Nothing here changes what a rank ends up holding, only how it gets there: the bits a resumed run
+computes are the same as when every rank read the file (tests/e2e/test_distributed.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from octlm.errors import RankError
+from octlm.train import checkpoint as ckpt
+from octlm.train.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
+
+
+def load_agreed(
+    run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool
+) -> ckpt.Found | None:
+    """The newest intact checkpoint of `run_dir` (collective with several ranks); None when the
+    folder lists none. Under FSDP the other ranks' weights and moments are placeholders."""
+    if not info.enabled:
+        return ckpt.load_newest_valid(run_dir)
+    found, problem = None, None
+    if info.is_main:
+        try:
+            found = ckpt.load_newest_valid(run_dir)
+        except ckpt.CheckpointError as exc:  # every rank must hear it, or they wait forever
+            problem = [exc.problem, exc.fix]
+    header: Any = broadcast_json(
+        _header(found, problem, fsdp) if info.is_main else None, info, device
+    )
+    if header["error"]:
+        raise ckpt.CheckpointError(*header["error"])
+    if header["file"] is None:
+        return None
+    path = run_dir / ckpt.CKPT_DIR / header["file"]
+    failed: RankError | None = None
+    if info.is_main:
+        assert found is not None
+        meta, tensors = found.meta, found.tensors
+    elif fsdp:
+        meta, tensors = header["meta"], _placeholders(header["large"])
+    else:
+        meta, tensors = {}, {}
+        try:
+            meta, tensors = ckpt.load_checkpoint(path, header["checksum"])
+        except ckpt.CheckpointError as exc:
+            failed = RankError(f"rank {info.rank}: {exc.problem}", exc.fix)
+    if agree(failed is not None, info, device):
+        raise failed or ckpt.CheckpointError(  # printed by rank 0; the rank itself says why
+            f"another rank could not read {path}", "make the run folder readable on every node"
+        )
+    if fsdp:  # sorted names: every rank sends and receives in the same order
+        for name, (dtype, shape) in sorted(header["small"].items()):
+            held = tensors[name] if info.is_main else torch.empty(shape, dtype=_dtype(dtype))
+            tensors[name] = broadcast_tensor(held, info, device)
+    return ckpt.Found(path, header["checksum"], meta, tensors, header["notes"])
+
+
+def _header(found: ckpt.Found | None, problem: list[str] | None, fsdp: bool) -> dict[str, Any]:
+    """What rank 0 tells the others: the file chosen (or the error), and under FSDP what they
+    need to rebuild the state without reading it."""
+    header: dict[str, Any] = {"error": problem, "file": None}
+    if found is None:
+        return header
+    header.update(file=found.path.name, checksum=found.checksum, notes=found.notes)
+    if fsdp:
+        specs = {
+            k: [str(v.dtype).removeprefix("torch."), list(v.shape)]
+            for k, v in found.tensors.items()
+        }
+        header["meta"] = found.meta
+        header["large"] = {k: v for k, v in specs.items() if _sharded(k, found.tensors[k])}
+        header["small"] = {k: v for k, v in specs.items() if k not in header["large"]}
+    return header
+
+
+def _sharded(name: str, tensor: torch.Tensor) -> bool:
+    """Weights and moments: scattered by `load_full_state`. Not the 0-dim step counts (every
+    rank keeps them whole) nor the generator states (broadcast)."""
+    return name.startswith((ckpt.MODEL_PREFIX, ckpt.OPTIM_PREFIX)) and tensor.dim() > 0
+
+
+def _placeholders(specs: dict[str, list]) -> dict[str, torch.Tensor]:
+    return {
+        k: torch.empty(shape, dtype=_dtype(dtype), device="meta")
+        for k, (dtype, shape) in specs.items()
+    }
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ckpt.CheckpointError(f"rank 0 sent an unknown tensor type {name!r}", "upgrade octlm")
+    return dtype
