@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import fields
 from functools import partial
@@ -23,14 +24,15 @@ from octlm.config_files import load_toml, make_config, to_toml
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError, RankError
 from octlm.hashing import weights_sha256
+from octlm.launch import LAUNCHED_ENV, REQUEUE_SIGNALS, Launch, launch, restart_resumes
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import build_playground, build_report, write_page
 from octlm.tools.rundiff import diff_folders
-from octlm.tools.subrun import torchrun
 from octlm.tools.sweep import base_from, run_sweep
 
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
+SHARED_ERROR_GRACE_S = 3.0
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
@@ -64,16 +66,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:  # checked and resolved, nothing built: --out is not touched
         print(to_toml(_config_from_args(args).resolved().to_dict()), end="")
         return 0
-    if args.nproc is not None and args.nproc < 1:
-        raise OctlmError(f"--nproc {args.nproc} starts no process", "use --nproc 1 or more")
-    if args.nproc and args.nproc > 1 and not launched_by_torchrun():
-        return torchrun(args.nproc, sys.argv[1:])
     cfg = _config_from_args(args)
+    spec = Launch(
+        nproc=args.nproc if args.nproc is not None else 1,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        max_restarts=args.max_restarts,
+    )
+    if spec.needed and not launched_by_torchrun():
+        return launch(spec, sys.argv[1:], Path(cfg.out), args.requeue_exit_code)
+    if restart_resumes():  # the elastic agent restarted the group after a failure
+        cfg = cfg.replace(resume=True)
     if cfg.init_from is not None and _given(args, "model"):
         from octlm.train.init_from import check_preset
 
         check_preset(cfg)  # a --model left out is no contradiction: the source's shape is used
-    train(cfg, hard_exit=True)
+    result = train(cfg, hard_exit=True)
+    if (
+        args.requeue_exit_code is not None
+        and result.stop_signal in REQUEUE_SIGNALS
+        and LAUNCHED_ENV not in os.environ  # that launcher picks the code (launch.py)
+    ):
+        return args.requeue_exit_code
     return 0
 
 
@@ -213,8 +229,18 @@ class _Parser(argparse.ArgumentParser):
 def _add_train_commands(sub: Any) -> None:
     tr = sub.add_parser("train", help="train a model (flags override --config)")
     _add_train_flags(tr)
-    nproc = "processes on this machine: launches torchrun (gloo on CPU, NCCL on GPU)"
+    nproc = "processes per node: launches them under torchrun's agent (gloo on CPU, NCCL on GPU)"
     tr.add_argument("--nproc", type=int, default=None, help=nproc)
+    tr.add_argument("--nnodes", type=int, default=1, help="nodes, each running this command")
+    tr.add_argument("--node-rank", type=int, default=0, help="this node's number, 0 to nnodes-1")
+    endpoint = "HOST:PORT every node meets at (c10d rendezvous), HOST node 0's address"
+    tr.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help=endpoint)
+    rdzv_id = "the job's name at the rendezvous, the same on every node (default: octlm)"
+    tr.add_argument("--rdzv-id", default=None, help=rdzv_id)
+    restarts = "restart the workers this often when one dies, each time resuming (default 0)"
+    tr.add_argument("--max-restarts", type=int, default=0, help=restarts)
+    requeue = "exit with this code when SIGTERM or SIGUSR1 stopped the run (for a scheduler)"
+    tr.add_argument("--requeue-exit-code", type=int, default=None, metavar="CODE", help=requeue)
     printed = "print the resolved settings (shape written out) as TOML for --config, and exit"
     tr.add_argument("--print-config", action="store_true", help=printed)
     tr.set_defaults(handler=_cmd_train)
@@ -350,8 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except OctlmError as exc:
-        if isinstance(exc, RankError) or os.environ.get("RANK", "0") == "0":
-            print(f"octlm: error: {exc.message}", file=sys.stderr)
+        if not isinstance(exc, RankError) and os.environ.get("RANK", "0") != "0":
+            # An error every rank meets alike is rank 0's to print: wait for it to, and for
+            # the agent to stop this worker once rank 0 has exited. Only a rank that is still
+            # here after the grace (rank 0 did not fail) prints its own line.
+            time.sleep(SHARED_ERROR_GRACE_S)
+        print(f"octlm: error: {exc.message}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)

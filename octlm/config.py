@@ -132,6 +132,10 @@ class TrainConfig:
     """torch.use_deterministic_algorithms(True) plus the CUDA settings it needs."""
     parallel: str = _trajectory("ddp")
     """With several processes (torchrun): ddp (replicated) or fsdp (FSDP2, sharded)."""
+    dist_timeout: float = _setting(1800.0)
+    """With several processes: seconds a collective waits for a peer before the run ends with
+    an error naming the rank and step (a dead, stopped or hung process); torch's default. Must
+    exceed the longest step, validation or checkpoint write."""
     device: str = _setting("auto")  # checked through the build record instead
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     val_every: int = _setting(20)

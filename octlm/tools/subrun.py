@@ -2,8 +2,7 @@
 
 A tool writes the settings once with `write_config` (every key but the per-launch ones, and the
 data folder resolved, so the embedded corpus is prepared here once and not in each run), then
-launches runs with `train`, which returns the run's last error line when it fails. `torchrun`
-relaunches `octlm train --nproc N` as N processes.
+launches runs with `train`, which returns the run's last error line when it fails.
 """
 
 from __future__ import annotations
@@ -57,13 +56,3 @@ def train(config: Path, out: Path, *flags: str, env: dict[str, str] | None = Non
         train_argv(config, out, *flags), capture_output=True, text=True, env=env, check=False
     )
     return None if proc.returncode == 0 else last_line(proc.stderr)
-
-
-def torchrun(nproc: int, argv: list[str]) -> int:
-    """`octlm ARGV` again under `torchrun --standalone --nproc-per-node NPROC`, its --nproc
-    flag dropped; returns torchrun's exit status."""
-    argv = list(argv)
-    i = next(i for i, a in enumerate(argv) if a == "--nproc" or a.startswith("--nproc="))
-    del argv[i : i + (1 if "=" in argv[i] else 2)]
-    runner = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    return subprocess.call([*runner, f"--nproc-per-node={nproc}", "-m", "octlm", *argv])

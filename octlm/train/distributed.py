@@ -8,6 +8,7 @@ whether or not this module is involved.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 from collections.abc import Callable
@@ -39,8 +40,9 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
-    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) and pick the device."""
+def init_distributed(device_name: str, timeout_s: float = 1800.0) -> tuple[DistInfo, torch.device]:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) and pick the device.
+    A collective that waits `timeout_s` for a peer raises (see `peer_failure`)."""
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
         return DistInfo(), resolve_device(device_name)
     info = DistInfo(
@@ -55,7 +57,9 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group(
+            "nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s)
+        )
     return info, device
 
 
@@ -111,11 +115,16 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 def agree(flag: bool, info: DistInfo, device: torch.device) -> bool:
     """True on every rank if it is true on any: all ranks stop at the same step."""
+    return agree_max(int(flag), info, device) > 0
+
+
+def agree_max(value: int, info: DistInfo, device: torch.device) -> int:
+    """The largest of every rank's `value`, on every rank."""
     if not info.enabled:
-        return flag
-    t = torch.tensor([int(flag)], device=device)
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return int(t.item())
 
 
 def gather_objects(obj: object, info: DistInfo) -> list[object]:
@@ -125,6 +134,33 @@ def gather_objects(obj: object, info: DistInfo) -> list[object]:
     out: list[object] = [None] * info.world
     dist.all_gather_object(out, obj)
     return out
+
+
+# What gloo's errors say when a peer is gone (it died: its sockets closed) or silent (stopped,
+# hung, or too slow for the timeout). NCCL's watchdog aborts the process on a timeout instead.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+_PEER_SILENT = ("Timed out waiting", "timed out", "Timeout")
+
+
+def peer_failure(exc: BaseException, info: DistInfo, steps_done: int, timeout_s: float):
+    """The one-line error for a collective that failed because of another process, or None
+    when `exc` is not that. A `RankError`: each rank that hits it says so with its own rank."""
+    from octlm.errors import RankError
+
+    text = str(exc)
+    if not info.enabled or not isinstance(exc, RuntimeError):
+        return None
+    if any(s in text for s in _PEER_SILENT):
+        what = f"no answer from another process in {timeout_s:g} s (stopped, hung or too slow)"
+    elif any(s in text for s in _PEER_GONE):
+        what = "another process is gone (it died or was killed)"
+    else:
+        return None
+    return RankError(
+        f"rank {info.rank}, after step {steps_done}: {what}",
+        "the last checkpoint is kept: find that process, then continue with the same command "
+        "plus --resume (raise --dist-timeout if a step or checkpoint write can take longer)",
+    )
 
 
 def barrier(info: DistInfo) -> None:

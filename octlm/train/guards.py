@@ -1,5 +1,5 @@
 """What guards a run folder while a trainer uses it: the lock, the "already holds a run" check,
-and the stop signal that ends a run cleanly at a step boundary."""
+and the stop signals that end a run cleanly at a step boundary."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,20 @@ class RunLock:
             self._fd = None
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+"""Each asks for a clean stop: Ctrl-C, a scheduler's or torchrun's SIGTERM, Slurm's `--signal`."""
+REPEAT_WINDOW = 1.0
+"""Seconds in which a repeated SIGTERM or SIGUSR1 is the same request: a scheduler signals
+every process of a job and the elastic agent passes its own copy on, so a worker often gets two
+at once. Not SIGINT: a terminal's Ctrl-C reaches the launcher alone (workers run in sessions
+of their own), so a second one is a person asking to stop now."""
+
+
 class StopFlag:
-    """SIGINT/SIGTERM: finish the current step, checkpoint, return. A second signal stops now:
-    the `octlm` command exits at once (`hard_exit`); in-process (`octlm.train` in a notebook)
-    it raises KeyboardInterrupt instead, because exiting would take the kernel down with it.
+    """SIGINT/SIGTERM/SIGUSR1: finish the current step, checkpoint, return. Another signal
+    (for SIGTERM/SIGUSR1: more than `REPEAT_WINDOW` later) stops now: the `octlm` command
+    exits at once (`hard_exit`); in-process (`octlm.train` in a notebook) it raises
+    KeyboardInterrupt instead, because exiting would take the kernel down with it.
 
     The old handlers come back on exit. Off the main thread nothing is installed: Python runs
     handlers only in the main thread and refuses to install one elsewhere (ValueError), so a
@@ -63,12 +74,15 @@ class StopFlag:
     def __init__(self, hard_exit: bool = False) -> None:
         self.hard_exit = hard_exit
         self.requested: str | None = None
+        self.signum = 0
+        """The signal asked for (0: none), what the ranks agree on."""
+        self._at = 0.0
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopFlag:
         if threading.current_thread() is not threading.main_thread():
             return self
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -80,8 +94,11 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested is not None:
+            if signum != signal.SIGINT and time.monotonic() - self._at < REPEAT_WINDOW:
+                return  # the same request, delivered twice (a second Ctrl-C is a person's)
             if self.hard_exit:
                 os._exit(128 + signum)  # the last complete checkpoint stays as it is
             raise KeyboardInterrupt  # the loop lets the checkpoint in flight finish first
-        self.requested = signal.Signals(signum).name
+        self.requested, self.signum = signal.Signals(signum).name, signum
+        self._at = time.monotonic()
         print(f"\n{self.requested}: finishing this step, then checkpointing", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -26,9 +27,10 @@ from octlm.peak import peak_flops
 from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.train import checkpoint as ckpt
-from octlm.train.distributed import agree, shutdown
+from octlm.train.distributed import agree_max, peer_failure, shutdown
 from octlm.train.guards import RunLock, StopFlag, has_run
 from octlm.train.run import Run, build_run, resume
+from octlm.train.shared_load import TOKEN_NAME
 from octlm.train.step import NonFiniteError, StepResult, advance
 
 
@@ -38,6 +40,9 @@ class TrainResult:
     weights_sha256: str | None
     stopped_early: bool
     last_loss: float | None
+    stop_signal: str | None = None
+    """The signal that stopped the run (SIGINT, SIGTERM, SIGUSR1); None when it ended or
+    stopped at --stop-at."""
 
 
 def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> TrainResult:
@@ -46,13 +51,14 @@ def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False
     out = Path(cfg.out)
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 owns the folder
     created = main and not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    if main:  # another rank making its own folder would hide a node that cannot see this one
+        out.mkdir(parents=True, exist_ok=True)
     try:
         with RunLock(out) if main else contextlib.nullcontext():
             return _train_locked(cfg, out, log_enabled and main, hard_exit)
     except BaseException:
         # A run that failed before writing anything leaves no empty folder behind.
-        if created and {p.name for p in out.iterdir()} <= {".lock"}:
+        if created and {p.name for p in out.iterdir()} <= {".lock", TOKEN_NAME}:
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
@@ -75,9 +81,13 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: boo
     _start(run, log)
     try:
         result = _loop(run, log, hard_exit)
-    except BaseException:
+    except BaseException as exc:
         _finish_saves_quietly(run)
-        raise
+        lost = peer_failure(exc, run.dist, run.state.step, cfg.dist_timeout)
+        if lost is None:
+            raise
+        log.event("peer_failure", run.state.step, rank=run.dist.rank, error=lost.problem)
+        raise lost from None
     finally:
         log.close()
     run.saver.close()
@@ -193,7 +203,7 @@ class Progress:
 def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
     cfg, state = run.cfg, run.state
     end = cfg.stop_at if cfg.stop_at is not None else cfg.steps
-    meter, result, stopping = Meter(run), None, False
+    meter, result, stopping, signum = Meter(run), None, False, 0
     with StopFlag(hard_exit) as stop, Progress(run) as bar:
         while state.step < end and not stopping:
             s = state.step
@@ -215,16 +225,18 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
                 digest = run.weights_sha256()  # collective under FSDP
                 if digest is not None:
                     log.weights_hash(state.step, digest)
-            # Every rank must stop at the same step: a signal on any one stops them all.
-            stopping = agree(stop.requested is not None, run.dist, run.device)
+            # Every rank must stop at the same step: a signal on any one stops them all, and
+            # all of them name the same signal (the largest number, if several came).
+            signum = agree_max(stop.signum, run.dist, run.device)
+            stopping = signum > 0
             if last or stopping or state.step == end or due(cfg.ckpt_every, state.step):
                 run.save()
     run.saver.wait()  # the last checkpoint is on disk before the run says so
     last_loss = result.loss if result is not None else None
-    return _finish(run, log, stop.requested or ("signal" if stopping else None), last_loss)
+    return _finish(run, log, signal.Signals(signum).name if stopping else None, last_loss)
 
 
-def _finish(run: Run, log: RunLog, signal: str | None, last_loss: float | None) -> TrainResult:
+def _finish(run: Run, log: RunLog, stop_signal: str | None, last_loss: float | None) -> TrainResult:
     """The end record (weights hash) of a finished run, or the stop event of a stopped one."""
     state = run.state
     say = print if run.dist.is_main else (lambda *a, **k: None)
@@ -233,14 +245,14 @@ def _finish(run: Run, log: RunLog, signal: str | None, last_loss: float | None) 
         log.end(state.step, digest, state)
         say(f"done: {state.step} steps, weights_sha256 {digest}", file=sys.stderr)
         return TrainResult(state.step, digest, False, last_loss)
-    reason = signal or f"stop_at {run.cfg.stop_at}"
+    reason = stop_signal or f"stop_at {run.cfg.stop_at}"
     log.event("stop", state.step, reason=reason)
     say(
         f"stopped at step {state.step} ({reason}), checkpoint saved; continue with the same "
         "command plus --resume",
         file=sys.stderr,
     )
-    return TrainResult(state.step, None, True, last_loss)
+    return TrainResult(state.step, None, True, last_loss, stop_signal)
 
 
 def _nonfinite(log: RunLog, cfg: TrainConfig, step: int, exc: NonFiniteError) -> OctlmError:

@@ -50,7 +50,7 @@ from octlm.train.inputs import (
 )
 from octlm.train.optim import build_optimizer, param_names
 from octlm.train.saver import BackgroundSaver
-from octlm.train.shared_load import load_agreed
+from octlm.train.shared_load import check_shared_folder, load_agreed
 from octlm.train.state import (
     TrainState,
     configure_determinism,
@@ -264,7 +264,8 @@ def elastic_config(cfg: TrainConfig, world: int) -> tuple[TrainConfig, list[str]
 
 def build_run(cfg: TrainConfig) -> Run:
     """Join the process group, then build every part in the order the bits depend on."""
-    dist, device = init_distributed(cfg.device)
+    dist, device = init_distributed(cfg.device, cfg.dist_timeout)
+    check_shared_folder(Path(cfg.out), dist, device)  # before any rank reads a checkpoint
     cfg, notes = elastic_config(cfg, dist.world) if cfg.resume else (cfg, [])
     check_device_dtype(device, cfg.dtype)
     configure_determinism(cfg.deterministic, device)

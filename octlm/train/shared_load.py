@@ -1,5 +1,9 @@
-"""The checkpoint a resume starts from, the same one on every rank, and under FSDP read from disk
-by rank 0 alone.
+"""The run folder every rank shares: each must see rank 0's, and the checkpoint a resume starts
+from is the same one on every rank, under FSDP read from disk by rank 0 alone.
+
+Rank 0 writes a fresh token into the folder and sends it to the others; a rank that reads
+another token (or none) is looking at another folder, e.g. a node where --out is not on the
+shared file system, and would silently start afresh: it stops the run in one line instead.
 
 Rank 0 picks the newest intact checkpoint (falling back past damaged ones) and tells the others
 its name and checksum, so no rank can start from another step than its peers because it saw the
@@ -18,14 +22,47 @@ computes are the same as when every rank read the file (tests/e2e/test_distribut
 
 from __future__ import annotations
 
+import secrets
+import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from octlm.errors import RankError
+from octlm.errors import OctlmError, RankError
+from octlm.fsutil import atomic_write_bytes
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
+
+TOKEN_NAME = ".world"
+"""The token rank 0 leaves in the run folder for the others to find (a few bytes, rewritten by
+each start)."""
+
+
+def check_shared_folder(out: Path, info: DistInfo, device: torch.device) -> None:
+    """Every rank sees rank 0's run folder, or every rank stops (collective)."""
+    if not info.enabled:
+        return
+    token = secrets.token_hex(16) if info.is_main else None
+    if info.is_main:
+        atomic_write_bytes(out / TOKEN_NAME, token.encode())  # type: ignore[union-attr]
+    token = broadcast_json(token, info, device)
+    try:
+        seen = (out / TOKEN_NAME).read_text()
+    except OSError:
+        seen = None
+    blind = seen != token
+    if agree(blind, info, device):
+        if blind:
+            raise RankError(
+                f"rank {info.rank} (on {socket.gethostname()}) does not see the run folder "
+                f"{out} that rank 0 writes",
+                "put --out on storage every node mounts at the same path (NFS, Lustre, ...)",
+            )
+        raise OctlmError(  # printed by rank 0; the blind rank says which it is
+            f"another rank does not see the run folder {out}",
+            "put --out on storage every node mounts at the same path (NFS, Lustre, ...)",
+        )
 
 
 def load_agreed(

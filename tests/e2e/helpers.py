@@ -70,6 +70,16 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+DIST_STEPS = 6
+
+
+def dist_args(data: Path, out: Path, *extra: str) -> list[str]:
+    """A 6-step tiny run for the multi-process tests (DDP/FSDP, nodes, faults); give --accum."""
+    return train_args(
+        data, out, "--steps", str(DIST_STEPS), "--warmup", "2", "--ckpt-every", "2", *extra
+    )
+
+
 def steps_of(run: Path) -> list[tuple[int, float, float]]:
     return [(r["step"], r["loss"], r["grad_norm"]) for r in read_log(run) if r["type"] == "step"]
 

@@ -16,44 +16,13 @@ import pytest
 import torch
 
 from octlm.train import checkpoint as ckpt
+from tests.e2e.helpers import DIST_STEPS as STEPS
+from tests.e2e.helpers import dist_args as args
 from tests.e2e.helpers import end_hash, octlm, steps_of
 
 pytestmark = pytest.mark.slow
 
-STEPS = 6
 TOLERANCE = 1e-5  # on weights after 6 steps; measured 0 for DDP and ~1e-7 for FSDP here
-
-
-def args(data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "train",
-        "--model",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--steps",
-        str(STEPS),
-        "--warmup",
-        "2",
-        "--lr",
-        "3e-3",
-        "--context",
-        "32",
-        "--micro-batch",
-        "2",
-        "--val-every",
-        "3",
-        "--val-batches",
-        "2",
-        "--ckpt-every",
-        "2",
-        "--dtype",
-        "fp32",
-        "--no-progress",
-        *extra,
-    ]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:

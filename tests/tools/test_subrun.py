@@ -53,17 +53,3 @@ def test_the_command_line_puts_the_flags_last_so_they_win(tmp_path: Path) -> Non
 )
 def test_the_last_error_line(stderr: str, last: str) -> None:
     assert subrun.last_line(stderr) == last
-
-
-@pytest.mark.parametrize(
-    "argv", [["train", "--nproc", "2", "--steps", "3"], ["train", "--nproc=2", "--steps", "3"]]
-)
-def test_torchrun_relaunches_the_command_without_nproc(monkeypatch, argv) -> None:
-    seen = []
-    monkeypatch.setattr(subrun.subprocess, "call", lambda cmd: seen.append(cmd) or 7)
-    assert subrun.torchrun(2, argv) == 7
-    assert seen == [
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-        + ["-m", "octlm", "train", "--steps", "3"]
-    ]
-    assert "--nproc" in " ".join(argv)  # the caller's list is left as it was

@@ -1,0 +1,197 @@
+"""Several "nodes" on this machine, and faults among them (gloo, CPU).
+
+Two `octlm train --nnodes 2` launchers meeting at a c10d rendezvous on 127.0.0.1 stand in for
+two machines; workers are killed (elastic restarts), signalled (pre-emption) and stopped
+(hangs). Each run must end on the bits of the same run done straight on one node, or stop in
+one line with its last checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from octlm.train import checkpoint as ckpt
+from tests.e2e.helpers import DIST_STEPS as STEPS
+from tests.e2e.helpers import dist_args, end_hash, steps_of
+
+pytestmark = pytest.mark.slow
+
+REQUEUE = 3
+
+
+def args(data: Path, out: Path, *extra: str) -> list[str]:
+    return dist_args(data, out, "--accum", "1", *extra)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*argv: str, **env: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "octlm", *argv]
+    env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache", **env}
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def two_nodes(outs: tuple[Path, Path], data: Path, *extra: str) -> list[tuple[int, str]]:
+    """Two launchers of one worker each, as two machines would start them."""
+    node = ("--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
+    procs = [
+        start(*args(data, out, *node, "--node-rank", str(r), *extra)) for r, out in enumerate(outs)
+    ]
+    return [finish(p) for p in procs]
+
+
+def workers_of(launcher: int) -> list[int]:
+    """The worker processes the elastic agent in `launcher` started (its direct children)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == launcher:
+            kids.append(int(stat.parent.name))
+    return sorted(kids)
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the log holds a step record >= `step` (records are written after each step)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before the step came"
+        log = run / "log.jsonl"
+        if log.is_file() and any(f'"step": {s},' in log.read_text() for s in range(step, 99)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def one_node(tiny_dataset, tmp_path_factory) -> Path:
+    """The reference: one launcher, two workers, straight through."""
+    out = tmp_path_factory.mktemp("one-node") / "run"
+    code, err = finish(start(*args(tiny_dataset, out, "--nproc", "2")))
+    assert code == 0, err
+    return out
+
+
+def test_two_nodes_equal_one_node_and_resume_exactly(tiny_dataset, one_node, tmp_path) -> None:
+    straight = tmp_path / "straight"
+    for code, err in two_nodes((straight, straight), tiny_dataset):
+        assert code == 0, err
+    assert end_hash(straight) == end_hash(one_node)
+    assert steps_of(straight) == steps_of(one_node)
+
+    split = tmp_path / "split"
+    for code, err in two_nodes((split, split), tiny_dataset, "--stop-at", "3"):
+        assert code == 0, err
+    for code, err in two_nodes((split, split), tiny_dataset, "--resume"):
+        assert code == 0, err
+    assert end_hash(split) == end_hash(one_node)
+
+
+def test_a_rank_that_cannot_see_the_run_folder_stops_the_run(tiny_dataset, tmp_path) -> None:
+    """Node 1 is given a folder of its own, as on a machine where --out is not shared."""
+    results = two_nodes((tmp_path / "shared", tmp_path / "local"), tiny_dataset)
+    assert all(code != 0 for code, _ in results)
+    lines = [ln for _, err in results for ln in err.splitlines() if ln.startswith("octlm: error:")]
+    assert len(lines) == 2, lines
+    assert any("does not see the run folder" in ln and "rank " in ln for ln in lines)
+    assert any("another rank does not see the run folder" in ln for ln in lines)
+    assert not any("Traceback" in err for _, err in results)
+
+
+def test_elastic_restarts_after_killed_workers_end_identical(
+    tiny_dataset, one_node, tmp_path
+) -> None:
+    """SIGKILL a random worker at a random moment, twice; torchrun's agent restarts the group,
+    each restart resumes from the newest intact checkpoint, and the end is the straight run's."""
+    out, rng = tmp_path / "elastic", random.Random(18)
+    proc = start(
+        *args(tiny_dataset, out, "--nproc", "2", "--max-restarts", "3", "--ckpt-every", "1")
+    )
+    kills = 0
+    for step in (2, 4):
+        wait_for_step(out, step, proc)
+        time.sleep(rng.uniform(0, 0.3))  # somewhere in a step or a checkpoint write
+        workers = workers_of(proc.pid)
+        if len(workers) == 2 and proc.poll() is None:
+            os.kill(rng.choice(workers), signal.SIGKILL)
+            kills += 1
+    code, err = finish(proc)
+    assert code == 0, err
+    assert kills == 2
+    assert err.count("resumed from") >= 1
+    assert end_hash(out) == end_hash(one_node)
+    assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("target", ["launcher", "worker"])
+def test_preemption_checkpoints_and_asks_for_requeue(
+    tiny_dataset, one_node, tmp_path, target
+) -> None:
+    """SIGUSR1 (Slurm's --signal) to the launcher, which passes it on, or to one worker only:
+    every rank finishes the step, a checkpoint is written, the launcher exits the requeue code,
+    and the requeued command ends exactly where the straight run does."""
+    out = tmp_path / "run"
+    requeue = ("--requeue-exit-code", str(REQUEUE))
+    proc = start(*args(tiny_dataset, out, "--nproc", "2", "--resume", *requeue))
+    wait_for_step(out, 2, proc)
+    victim = proc.pid if target == "launcher" else workers_of(proc.pid)[-1]
+    os.kill(victim, signal.SIGUSR1)
+    code, err = finish(proc)
+    assert code == REQUEUE, err
+    assert "SIGUSR1: finishing this step, then checkpointing" in err
+    stop = [r for r in (out / "log.jsonl").read_text().splitlines() if '"event": "stop"' in r]
+    assert stop and '"reason": "SIGUSR1"' in stop[-1]
+    step = int(stop[-1].split('"step": ')[1].split(",")[0])
+    assert step < STEPS and ckpt.read_latest(out)[-1]["step"] == step
+    code, err = finish(start(*args(tiny_dataset, out, "--nproc", "2", "--resume", *requeue)))
+    assert code == 0, err
+    assert end_hash(out) == end_hash(one_node)
+
+
+def test_a_stopped_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
+    tiny_dataset, one_node, tmp_path
+) -> None:
+    """SIGSTOP one worker: the others' next collective waits --dist-timeout seconds, then the
+    run ends with one line naming the rank and step; the checkpoints are intact and resume."""
+    out = tmp_path / "run"
+    # The agent waits this long for the stopped worker to end before it kills it (default 30).
+    quick = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "3"}
+    proc = start(*args(tiny_dataset, out, "--nproc", "2", "--dist-timeout", "4"), **quick)
+    wait_for_step(out, 3, proc)
+    stopped = workers_of(proc.pid)[-1]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        code, err = finish(proc, timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the agent may have killed it
+            os.kill(stopped, signal.SIGCONT)
+    assert code != 0
+    lines = [ln for ln in err.splitlines() if ln.startswith("octlm: error:")]
+    assert lines and all("no answer from another process in 4 s" in ln for ln in lines)
+    assert lines[0].startswith("octlm: error: rank 0, after step ") and "Traceback" not in err
+    entry = ckpt.read_latest(out)[-1]
+    ckpt.load_checkpoint(out / ckpt.CKPT_DIR / entry["file"], entry["checksum"])  # intact
+    code, err = finish(start(*args(tiny_dataset, out, "--nproc", "2", "--resume")))
+    assert code == 0, err
+    assert end_hash(out) == end_hash(one_node)

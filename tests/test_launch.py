@@ -1,0 +1,90 @@
+"""The launcher's pure parts (octlm/launch.py) and the stop signals' handling (guards.StopFlag)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from octlm.errors import OctlmError
+from octlm.launch import AGENT_SIGNALS, Launch, stopped_by_scheduler, worker_argv
+from octlm.train.guards import REPEAT_WINDOW, StopFlag
+
+
+def test_worker_argv_drops_the_launch_flags_in_both_forms() -> None:
+    argv = ["train", "--nproc", "2", "--nnodes=2", "--node-rank", "1", "--steps", "3"]
+    argv += ["--rdzv-endpoint", "h:1", "--rdzv-id=j", "--max-restarts", "4", "--requeue-exit-code"]
+    argv += ["3"]
+    assert worker_argv(argv) == ["train", "--steps", "3", "--requeue-exit-code", "3"]
+
+
+def test_one_node_is_standalone_and_several_meet_at_the_endpoint() -> None:
+    alone = Launch(nproc=2).torchrun_args()
+    assert alone[0] == "--standalone" and "--nproc-per-node=2" in alone
+    assert f"--signals-to-handle={AGENT_SIGNALS}" in alone and "SIGUSR1" in AGENT_SIGNALS
+    node0 = Launch(nproc=1, nnodes=2, rdzv_endpoint="n01:29500", max_restarts=3).torchrun_args()
+    node1 = Launch(nproc=1, nnodes=2, node_rank=1, rdzv_endpoint="n01:29500").torchrun_args()
+    assert "--rdzv-endpoint=n01:29500" in node0 and "--rdzv-backend=c10d" in node0
+    assert "--rdzv-conf=is_host=1" in node0 and "--rdzv-conf=is_host=0" in node1
+    assert "--max-restarts=3" in node0 and "--nnodes=2" in node1
+    assert not Launch().needed and Launch(max_restarts=1).needed and Launch(nproc=2).needed
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"nproc": 0}, "--nproc 0 starts nothing"),
+        ({"nnodes": 0}, "--nnodes 0 starts nothing"),
+        ({"nnodes": 2}, "needs a meeting point"),
+        ({"nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "is not one of the 2 nodes"),
+        ({"nnodes": 2, "rdzv_endpoint": "h"}, "is not HOST:PORT"),
+        ({"max_restarts": -1}, "is negative"),
+    ],
+)
+def test_bad_launches_are_one_line_errors(kw, words) -> None:
+    with pytest.raises(OctlmError, match=words):
+        Launch(**kw)
+
+
+def test_the_cli_refuses_a_bad_launch_in_one_line(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "octlm", "train", "--out", str(tmp_path / "r"), "--nnodes", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "octlm: error: --nnodes 2 needs a meeting point; pass --rdzv-endpoint HOST:PORT (the "
+        "same on every node, HOST node 0's address)"
+    ]
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_scheduler_stop_is_read_from_the_log(tmp_path) -> None:
+    def log(*records: dict) -> None:
+        (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    assert not stopped_by_scheduler(tmp_path)  # no log yet
+    head = {"type": "header", "log_schema": 2}
+    for reason, requeue in [("SIGUSR1", True), ("SIGTERM", True), ("SIGINT", False)]:
+        log(head, {"type": "event", "event": "stop", "step": 4, "reason": reason})
+        assert stopped_by_scheduler(tmp_path) is requeue
+    log(head, {"type": "event", "event": "stop", "step": 4, "reason": "stop_at 4"})
+    assert not stopped_by_scheduler(tmp_path)
+    log(head, {"type": "end", "step": 6, "weights_sha256": "x"})
+    assert not stopped_by_scheduler(tmp_path)
+
+
+def test_a_signal_delivered_twice_at_once_is_one_request() -> None:
+    """A scheduler signals every process and the elastic agent passes its own copy on: the
+    second copy must not turn a clean stop into an exit without a checkpoint."""
+    with StopFlag(hard_exit=False) as stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.requested == "SIGUSR1" and stop.signum == signal.SIGUSR1
+        time.sleep(REPEAT_WINDOW + 0.1)
+        with pytest.raises(KeyboardInterrupt):  # a later one means: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
