@@ -11,6 +11,9 @@
 2. Exactness on the device (docs/exactness.md): `verify-resume` with and without
    `--deterministic` (bf16, fused, compiled), and two straight runs without it compared with
    `octlm diff` logic: the seed saw such runs part within a few steps.
+3. NCCL (issue 18), with two GPUs or more: DDP and FSDP on 2 processes (one GPU each, device
+   per local rank), straight against stopped and resumed, with `--deterministic`; the weights
+   hashes must match. Skipped, saying so, on one GPU.
 """
 
 from __future__ import annotations
@@ -110,6 +113,35 @@ def exactness(args: argparse.Namespace) -> None:
             )
 
 
+def nccl(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from octlm.runlog import read_log
+    from octlm.tools import subrun
+
+    if not args.device.startswith("cuda") or torch.cuda.device_count() < 2:
+        print(f"\nNCCL: skipped ({torch.cuda.device_count()} GPU visible, needs 2)")
+        return
+    model = args.models.split(",")[0]
+    for parallel in ("ddp", "fsdp"):
+        cfg = base_config(model, args, args.steps, deterministic=True, parallel=parallel)
+        with tempfile.TemporaryDirectory() as tmp:
+            config = subrun.write_config(cfg, Path(tmp) / "config.toml")
+            runs = {"straight": Path(tmp) / "straight", "split": Path(tmp) / "split"}
+            errors = [subrun.train(config, runs["straight"], "--nproc", "2")]
+            errors.append(
+                subrun.train(config, runs["split"], "--nproc", "2", "--stop-at", str(args.split))
+            )
+            errors.append(subrun.train(config, runs["split"], "--nproc", "2", "--resume"))
+            if any(errors):
+                print(f"\nNCCL {parallel}: failed: {[e for e in errors if e]}")
+                continue
+            ends = [[r for r in read_log(run) if r["type"] == "end"][-1] for run in runs.values()]
+            same = ends[0]["weights_sha256"] == ends[1]["weights_sha256"]
+            verdict = "identical" if same else "DIFFERENT"
+            print(f"\nNCCL {parallel}, 2 GPUs, split at {args.split}: {verdict}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -128,6 +160,7 @@ def main() -> None:
     if not args.skip_speed:
         speed(args)
     exactness(args)
+    nccl(args)
 
 
 if __name__ == "__main__":

@@ -119,15 +119,21 @@ def test_a_rank_that_cannot_see_the_run_folder_stops_the_run(tiny_dataset, tmp_p
     assert not any("Traceback" in err for _, err in results)
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_elastic_restarts_after_killed_workers_end_identical(
-    tiny_dataset, one_node, tmp_path
+    tiny_dataset, one_node, tmp_path, parallel
 ) -> None:
     """SIGKILL a random worker at a random moment, twice; torchrun's agent restarts the group,
     each restart resumes from the newest intact checkpoint, and the end is the straight run's."""
+    mode = ("--nproc", "2", "--parallel", parallel, "--ckpt-every", "1")
+    if parallel == "ddp":
+        reference = one_node
+    else:
+        reference = tmp_path / "straight"
+        code, err = finish(start(*args(tiny_dataset, reference, *mode)))
+        assert code == 0, err
     out, rng = tmp_path / "elastic", random.Random(18)
-    proc = start(
-        *args(tiny_dataset, out, "--nproc", "2", "--max-restarts", "3", "--ckpt-every", "1")
-    )
+    proc = start(*args(tiny_dataset, out, *mode, "--max-restarts", "3"))
     kills = 0
     for step in (2, 4):
         wait_for_step(out, step, proc)
@@ -140,7 +146,7 @@ def test_elastic_restarts_after_killed_workers_end_identical(
     assert code == 0, err
     assert kills == 2
     assert err.count("resumed from") >= 1
-    assert end_hash(out) == end_hash(one_node)
+    assert end_hash(out) == end_hash(reference)
     assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
 
 
