@@ -39,7 +39,7 @@ from octlm.model import GPT, preset
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import DistInfo, full_model_state, full_optim_state, load_full_state
 from octlm.train.optim import param_names
-from octlm.train.shared_load import load_agreed
+from octlm.train.shared_load import load_agreed, load_newest_valid
 
 def status(field):
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -75,7 +75,7 @@ if phase == "load":  # a fresh process, so no memory freed by the gather is reus
     reset_peak()
     base, read0, t0 = status("VmRSS"), read_mb(), time.perf_counter()
     if variant == "every-rank":  # the old way: every rank reads and checks the whole file
-        found = ckpt.load_newest_valid(run_dir)
+        found = load_newest_valid(run_dir)
     else:
         found = load_agreed(run_dir, info, torch.device("cpu"), fsdp=True)
     loaded = ckpt.unpack(found.meta, found.tensors)

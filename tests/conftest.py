@@ -71,3 +71,14 @@ def tiny_dataset(corpus_docs, tmp_path_factory) -> Path:
         progress=False,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tiny_dataset, tmp_path_factory) -> Path:
+    """The multi-process modules' reference: `dist_args` on 2 DDP processes, accumulation 1,
+    straight through (one launcher). Read-only."""
+    from tests.e2e.helpers import dist_args, octlm
+
+    out = tmp_path_factory.mktemp("two-process") / "run"
+    octlm(*dist_args(tiny_dataset, out, "--accum", "1", "--nproc", "2"))
+    return out

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, TypedDict
 
 import torch
 from safetensors import safe_open
@@ -294,38 +294,6 @@ def read_latest(run_dir: Path) -> list[dict[str, Any]]:
         raise CheckpointError(
             f"{path} is corrupt", f"delete it to start {run_dir} afresh"
         ) from None
-
-
-class Found(NamedTuple):
-    """A checkpoint that passed its checks, as `load_newest_valid` found it."""
-
-    path: Path
-    checksum: str
-    meta: dict[str, Any]
-    tensors: dict[str, torch.Tensor]
-    notes: list[str]
-    """One line for each newer listed file that was skipped (damaged)."""
-
-
-def load_newest_valid(run_dir: Path) -> Found | None:
-    """The newest listed checkpoint that passes its checks, with a note for each one skipped;
-    None when nothing is listed. Raises when every listed file is damaged."""
-    entries = read_latest(run_dir)
-    notes = []
-    for entry in reversed(entries):
-        path = run_dir / CKPT_DIR / entry["file"]
-        try:
-            meta, tensors = load_checkpoint(path, entry["checksum"])
-        except CheckpointError as exc:
-            notes.append(f"{exc.problem}: falling back to the previous checkpoint")
-            continue
-        return Found(path, entry["checksum"], meta, tensors, notes)
-    if entries:
-        raise CheckpointError(
-            f"none of the {len(entries)} checkpoints in {run_dir / CKPT_DIR} is intact",
-            "start a new run in another --out (or delete that folder)",
-        )
-    return None
 
 
 def peek_newest_meta(run_dir: Path) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import secrets
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,6 +33,39 @@ from octlm.errors import OctlmError, RankError
 from octlm.fsutil import atomic_write_bytes
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
+
+
+class Found(NamedTuple):
+    """A checkpoint that passed its checks, as `load_newest_valid` found it."""
+
+    path: Path
+    checksum: str
+    meta: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    notes: list[str]
+    """One line for each newer listed file that was skipped (damaged)."""
+
+
+def load_newest_valid(run_dir: Path) -> Found | None:
+    """The newest listed checkpoint that passes its checks, with a note for each one skipped;
+    None when nothing is listed. Raises when every listed file is damaged."""
+    entries = ckpt.read_latest(run_dir)
+    notes = []
+    for entry in reversed(entries):
+        path = run_dir / ckpt.CKPT_DIR / entry["file"]
+        try:
+            meta, tensors = ckpt.load_checkpoint(path, entry["checksum"])
+        except ckpt.CheckpointError as exc:
+            notes.append(f"{exc.problem}: falling back to the previous checkpoint")
+            continue
+        return Found(path, entry["checksum"], meta, tensors, notes)
+    if entries:
+        raise ckpt.CheckpointError(
+            f"none of the {len(entries)} checkpoints in {run_dir / ckpt.CKPT_DIR} is intact",
+            "start a new run in another --out (or delete that folder)",
+        )
+    return None
+
 
 TOKEN_NAME = ".world"
 """The token rank 0 leaves in the run folder for the others to find (a few bytes, rewritten by
@@ -65,17 +98,15 @@ def check_shared_folder(out: Path, info: DistInfo, device: torch.device) -> None
         )
 
 
-def load_agreed(
-    run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool
-) -> ckpt.Found | None:
+def load_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool) -> Found | None:
     """The newest intact checkpoint of `run_dir` (collective with several ranks); None when the
     folder lists none. Under FSDP the other ranks' weights and moments are placeholders."""
     if not info.enabled:
-        return ckpt.load_newest_valid(run_dir)
+        return load_newest_valid(run_dir)
     found, problem = None, None
     if info.is_main:
         try:
-            found = ckpt.load_newest_valid(run_dir)
+            found = load_newest_valid(run_dir)
         except ckpt.CheckpointError as exc:  # every rank must hear it, or they wait forever
             problem = [exc.problem, exc.fix]
     header: Any = broadcast_json(
@@ -106,10 +137,10 @@ def load_agreed(
         for name, (dtype, shape) in sorted(header["small"].items()):
             held = tensors[name] if info.is_main else torch.empty(shape, dtype=_dtype(dtype))
             tensors[name] = broadcast_tensor(held, info, device)
-    return ckpt.Found(path, header["checksum"], meta, tensors, header["notes"])
+    return Found(path, header["checksum"], meta, tensors, header["notes"])
 
 
-def _header(found: ckpt.Found | None, problem: list[str] | None, fsdp: bool) -> dict[str, Any]:
+def _header(found: Found | None, problem: list[str] | None, fsdp: bool) -> dict[str, Any]:
     """What rank 0 tells the others: the file chosen (or the error), and under FSDP what they
     need to rebuild the state without reading it."""
     header: dict[str, Any] = {"error": problem, "file": None}

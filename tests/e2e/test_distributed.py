@@ -45,13 +45,10 @@ def single(tiny_dataset, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ddp(tiny_dataset, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ddp") / "run"
-    proc = octlm(*args(tiny_dataset, out, "--accum", "1", "--nproc", "2"))
-    assert "done:" in proc.stderr
-    header = [line for line in (out / "log.jsonl").read_text().splitlines()][0]
+def ddp(two_process_run) -> Path:
+    header = (two_process_run / "log.jsonl").read_text().splitlines()[0]
     assert '"world": 2' in header
-    return out
+    return two_process_run
 
 
 def test_ddp_split_equals_straight(tiny_dataset, ddp, tmp_path) -> None:
@@ -127,14 +124,13 @@ def test_fsdp_ranks_fall_back_together_and_fail_in_one_line(
     assert "resumed from" in proc.stderr and "step_000002" in proc.stderr
     assert end_hash(out) == end_hash(fsdp_straight)
 
-    broken = tmp_path / "broken"
-    octlm(*args(tiny_dataset, broken, *FSDP, "--stop-at", "2"))  # one checkpoint
-    flip_a_byte(broken / ckpt.CKPT_DIR / "step_000002.safetensors")
-    proc = octlm(*args(tiny_dataset, broken, *FSDP, "--resume"), check=False, timeout=120)
+    for entry in ckpt.read_latest(out):  # both kept checkpoints (steps 4 and 6) damaged
+        flip_a_byte(out / ckpt.CKPT_DIR / entry["file"])
+    proc = octlm(*args(tiny_dataset, out, *FSDP, "--resume"), check=False, timeout=120)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("octlm: error:")]
     assert errors == [
-        f"octlm: error: none of the 1 checkpoints in {broken / ckpt.CKPT_DIR} is intact; "
+        f"octlm: error: none of the 2 checkpoints in {out / ckpt.CKPT_DIR} is intact; "
         "start a new run in another --out (or delete that folder)"
     ]
 

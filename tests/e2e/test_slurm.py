@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import dist_args, end_hash, octlm
+from tests.e2e.helpers import dist_args, end_hash
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +62,9 @@ def sbatch(tmp: Path, data: Path, out: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_dataset, tmp_path_factory) -> str:
+def reference(two_process_run) -> str:
     """The same global batch on one node: two workers under one launcher."""
-    out = tmp_path_factory.mktemp("one-node") / "run"
-    octlm(*dist_args(tiny_dataset, out, "--accum", "1", "--nproc", "2"))
-    return end_hash(out)
+    return end_hash(two_process_run)
 
 
 def test_the_script_runs_two_nodes_and_requeues_on_the_signal(
