@@ -116,16 +116,21 @@ def main() -> int:
             return 2
         if end_hash(out) is not None:
             break
-    final = end_hash(out)
-    same = final == reference
     print(
         f"kills survived: {kills} ({during_save} with a checkpoint write in progress), "
         f"restarts: {restarts}, steps redone: {redone}"
     )
+    return verdict(out, reference, t0, root, args.keep)
+
+
+def verdict(out: Path, reference: str | None, t0: float, root: Path, keep: bool) -> int:
+    """Print the chaos run's hash against the straight one's; 0 only if identical."""
+    final = end_hash(out)
+    same = final == reference
     print(f"chaos run:    weights_sha256 {final}")
     print("identical" if same else "NOT identical")
-    print(f"total {time.time() - t0:.0f} s" + (f"; runs kept in {root}" if args.keep else ""))
-    if not args.keep:
+    print(f"total {time.time() - t0:.0f} s" + (f"; runs kept in {root}" if keep else ""))
+    if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return 0 if same else 1
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.chaos import checkpoint_step, end_hash, last_logged_step, unlisted
+from bench.chaos import checkpoint_step, end_hash, last_logged_step, unlisted, verdict
 from octlm.config_files import make_config
 from octlm.tools import subrun
 
@@ -114,19 +113,12 @@ def main() -> int:
     if proc.returncode != 0:
         print(f"run failed (exit {proc.returncode}): {subrun.last_line(err)}")
         return 2
-    final = end_hash(out)
-    same = final == reference
     print(
         f"{args.parallel} x {args.nproc}: kills survived: {kills} ({during_save} with a "
         f"checkpoint write in progress), resumes: {err.count('resumed from')}, "
         f"steps redone: {redone}"
     )
-    print(f"chaos run:    weights_sha256 {final}")
-    print("identical" if same else "NOT identical")
-    print(f"total {time.time() - t0:.0f} s" + (f"; runs kept in {root}" if args.keep else ""))
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0 if same else 1
+    return verdict(out, reference, t0, root, args.keep)
 
 
 if __name__ == "__main__":
