@@ -20,7 +20,7 @@ from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
-from octlm.device import build_info, check_device_dtype
+from octlm.device import build_info, check_device_dtype, keep_freed_host_memory
 from octlm.errors import OctlmError
 from octlm.evaluate import EvalResult, ValidationSet, validate
 from octlm.hashing import weights_sha256
@@ -268,6 +268,8 @@ def build_run(cfg: TrainConfig) -> Run:
     check_shared_folder(Path(cfg.out), dist, device)  # before any rank reads a checkpoint
     cfg, notes = elastic_config(cfg, dist.world) if cfg.resume else (cfg, [])
     check_device_dtype(device, cfg.dtype)
+    if device.type == "cpu":
+        keep_freed_host_memory()
     configure_determinism(cfg.deterministic, device)
     data_dir, dataset, tokenizer = _open_data(cfg)
     init = plan_init(cfg, tokenizer)  # reads the --init-from source (unless a resume wins)
