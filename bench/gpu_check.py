@@ -4,10 +4,14 @@
     .venv/bin/python -m bench.gpu_check --device cpu --models tiny --context 64 --micro-batch 2 \
         --accum 1 --steps 6 --variants bf16,fused --split 3    # a smoke test of the script itself
 
-1. Speed: tokens/s and MFU of `octlm train` for each model with bf16 autocast, then adding
-   `--fused`, `--compile`, both, and both plus `--deterministic`, one flag at a time as the
-   seed's Part 6 plans; variants interleaved round by round; MFU against the device's measured
-   bf16 matmul peak (`octlm bench peak`'s measurement, made here first).
+1. Speed and memory: tokens/s, MFU and the step's peak allocated memory (the log's `mem_mb`)
+   of `octlm train` for each model with bf16 autocast and the per-tensor AdamW, then adding
+   `--fused` (today's default), `--compile`, both, both plus `--deterministic`, and
+   `--activation-checkpointing`, one flag at a time as the seed's Part 6 plans; variants
+   interleaved round by round; MFU against the device's measured bf16 matmul peak (`octlm
+   bench peak`'s measurement, made here first). Then the targets (issue 19): `small` >= 50%
+   and `main` >= 55% MFU with fused + compile, each printed as met or missed, and what
+   `--deterministic` costs (its time over fused + compile's).
 2. Exactness on the device (docs/exactness.md): `verify-resume` with and without
    `--deterministic` (bf16, fused, compiled), and two straight runs without it compared with
    `octlm diff` logic: the seed saw such runs part within a few steps.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -28,14 +33,14 @@ import torch
 from octlm.config_files import make_config
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak, store_peak
+from octlm.runlog import read_log
+from octlm.train.loop import train
 
 if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.loop_overhead import octlm_step_times
-
 VARIANTS = {
-    "bf16": {},
+    "bf16": {"fused": False},
     "fused": {"fused": True},
     "compile": {"compile": True},
     "fused+compile": {"fused": True, "compile": True},
@@ -43,6 +48,8 @@ VARIANTS = {
     # Issue 17: the memory/time trade of recomputed blocks (the log's mem_mb shows the peak).
     "activation-checkpointing": {"activation_checkpointing": True},
 }
+MFU_TARGETS = {"small": 0.50, "main": 0.55}
+"""Issue 19's targets on an H200, bf16 with fused AdamW and compile."""
 
 
 def base_config(model: str, args: argparse.Namespace, steps: int, **extra):
@@ -64,6 +71,18 @@ def base_config(model: str, args: argparse.Namespace, steps: int, **extra):
     )
 
 
+def step_times_and_memory(cfg) -> tuple[list[float], float | None]:
+    """Seconds per step (gaps between the log's `elapsed`, warm-up dropped) and the largest
+    `mem_mb` of the run's steps (on CUDA the step's peak allocated memory)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg.replace(out=str(Path(tmp) / "run")))
+        steps = [r for r in read_log(Path(tmp) / "run") if r["type"] == "step"]
+    elapsed = [r["elapsed"] for r in steps]
+    memory = [r["mem_mb"] for r in steps if r.get("mem_mb") is not None]
+    gaps = [b - a for a, b in zip(elapsed[1:], elapsed[2:], strict=False)]
+    return gaps[2:], max(memory) if memory else None  # compile warms up over the first steps
+
+
 def speed(args: argparse.Namespace) -> None:
     peak = measure_peak(args.device, "bf16", seconds=5.0)
     store_peak(peak)
@@ -72,27 +91,39 @@ def speed(args: argparse.Namespace) -> None:
     for model in args.models.split(","):
         flops = GPT(preset(model, context=args.context)).flops_per_token(args.context)
         times: dict[str, list[float]] = {v: [] for v in names}
+        memory: dict[str, float | None] = {}
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]  # interleave, alternate the order
             for name in order:
                 cfg = base_config(model, args, args.steps, **VARIANTS[name])
-                steps = octlm_step_times(cfg)[2:]  # compile warms up over the first steps
-                times[name].append(statistics.median(steps))
+                gaps, memory[name] = step_times_and_memory(cfg)
+                times[name].append(statistics.median(gaps))
         tokens = args.micro_batch * args.accum * args.context
         base = statistics.median(times[names[0]])
         print(f"\n{model}: {tokens} tokens/step, median of {args.rounds} rounds")
-        print("| variant | tok/s | MFU | time vs " + names[0] + " |\n|---|---:|---:|---:|")
+        print(f"| variant | tok/s | MFU | time vs {names[0]} | peak MB |")
+        print("|---|---:|---:|---:|---:|")
+        mfu = {}
         for name in names:
             t = statistics.median(times[name])
             tok_s = tokens / t
+            mfu[name] = flops * tok_s / peak.flops
+            mem = "-" if memory[name] is None else f"{memory[name]:,.0f}"
+            print(f"| {name} | {tok_s:,.0f} | {100 * mfu[name]:.1f}% | {t / base:.3f} | {mem} |")
+        if model in MFU_TARGETS and "fused+compile" in mfu:
+            got, target = mfu["fused+compile"], MFU_TARGETS[model]
+            verdict = "met" if got >= target else "MISSED"
             print(
-                f"| {name} | {tok_s:,.0f} | {100 * flops * tok_s / peak.flops:.1f}% "
-                f"| {t / base:.3f} |"
+                f"target: {model} fused+compile MFU {100 * got:.1f}% >= {100 * target:.0f}%: "
+                f"{verdict}"
             )
+        det = "fused+compile+deterministic"
+        if det in times and "fused+compile" in times:
+            cost = statistics.median(times[det]) / statistics.median(times["fused+compile"])
+            print(f"--deterministic costs {100 * (cost - 1):+.1f}% step time over fused+compile")
 
 
 def exactness(args: argparse.Namespace) -> None:
-    from octlm.runlog import read_log
     from octlm.tools.rundiff import diff_runs
     from octlm.tools.verify import format_table, verify_resume
 
@@ -114,9 +145,6 @@ def exactness(args: argparse.Namespace) -> None:
 
 
 def nccl(args: argparse.Namespace) -> None:
-    import tempfile
-
-    from octlm.runlog import read_log
     from octlm.tools import subrun
 
     if not args.device.startswith("cuda") or torch.cuda.device_count() < 2:

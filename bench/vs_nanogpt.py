@@ -19,6 +19,11 @@ Each side's achieved FLOP/s uses its own count, 6N + 12·L·d·T per token: nano
 `estimate_mfu`), octlm's is `GPT.flops_per_token`. A round runs both, in alternating order;
 the ratio of a round is octlm's median FLOP/s over nanoGPT's, and the result is the median of
 those paired ratios. Peak memory is each process's peak resident set (`wait4`), whole process.
+
+`--profile` instead profiles one step of each model in its own process (torch.profiler, same
+shape and batch, 2 warm-up and 3 profiled steps of forward, backward, clip and AdamW, as each
+trainer takes them) and prints milliseconds per step by op group: nanoGPT, octlm as it was
+before this bench's changes (unfused AdamW, glibc's default allocator), and octlm now.
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
 
 from octlm.data.corpus import embedded_documents
 from octlm.data.prepare import embedded_dataset
@@ -195,6 +203,133 @@ def octlm_round(scratch: Path, shape: Shape, steps: int, env, extra: list[str]) 
     return gaps, rss
 
 
+GROUPS = (
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm")),
+    ("attention (SDPA kernel)", ("scaled_dot_product",)),
+    ("softmax + cross-entropy", ("log_softmax", "nll_loss")),
+    ("activation (SiLU, GELU)", ("silu", "gelu")),
+    ("norm kernels", ("layer_norm", "rms_norm")),
+)
+OTHER = "other elementwise, copies, fills (RoPE, RMSNorm's backward, residuals)"
+OPTIMIZER = "AdamW + clipping"
+
+
+def op_group(event) -> str:
+    node = event
+    while node is not None:
+        if node.name.startswith(("Optimizer.step#", "Optimizer.zero_grad#", "octlm::clip")):
+            return OPTIMIZER
+        node = node.cpu_parent
+    for group, needles in GROUPS:
+        if any(n in event.name for n in needles):
+            return group
+    return OTHER
+
+
+def profile_side(side: str, checkout: Path, shape: Shape, threads: int) -> dict[str, float]:
+    """Milliseconds per step by op group for one side (run in its own process)."""
+    from torch.profiler import record_function
+
+    from octlm.config_files import make_config
+    from octlm.device import keep_freed_host_memory
+    from octlm.train.optim import build_optimizer, clip_grad_norm
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if side == "nanoGPT":
+        spec = importlib.util.spec_from_file_location("nanogpt_model", checkout / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        vocab = 84
+        cfg = module.GPTConfig(
+            block_size=shape.context,
+            vocab_size=vocab,
+            n_layer=shape.layers,
+            n_head=shape.heads,
+            n_embd=shape.width,
+            dropout=0.0,
+            bias=False,
+        )
+        with contextlib.redirect_stdout(open(os.devnull, "w")):
+            model = module.GPT(cfg)
+            opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+
+        def loss_of(x, y):
+            return model(x, y)[1]
+    else:
+        if side == "octlm":
+            keep_freed_host_memory()
+        vocab = OCTLM_VOCAB
+        model = GPT(
+            preset(
+                "small",
+                n_layers=shape.layers,
+                d_model=shape.width,
+                n_heads=shape.heads,
+                vocab_size=vocab,
+                context=shape.context,
+            )
+        )
+        fused = None if side == "octlm" else False
+        opt = build_optimizer(model, make_config(None, context=shape.context, fused=fused))
+
+        def loss_of(x, y):
+            loss_sum, n = model(x, y)
+            return loss_sum / n
+
+    x = torch.randint(0, vocab, (shape.batch, shape.context))
+    y = torch.randint(0, vocab, (shape.batch, shape.context))
+
+    def step():
+        loss_of(x, y).backward()
+        with record_function("octlm::clip"):
+            clip_grad_norm(model, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    steps = 3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - t0
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.name.startswith("aten::"):
+            group = op_group(event)
+            totals[group] = totals.get(group, 0.0) + event.self_cpu_time_total / 1e3 / steps
+    totals["framework (autograd, dispatch, Python)"] = wall * 1e3 / steps - sum(totals.values())
+    totals["whole step"] = wall * 1e3 / steps
+    return totals
+
+
+def profile_table(checkout: Path, shape: Shape, threads: int) -> None:
+    sides = ("nanoGPT", "octlm before", "octlm")
+    results = {}
+    for side in sides:
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.vs_nanogpt",
+            "--nanogpt",
+            str(checkout),
+            "--threads",
+            str(threads),
+            "--profile-side",
+            side,
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = [g for g, _ in GROUPS] + [OTHER, OPTIMIZER, "framework (autograd, dispatch, Python)"]
+    print("| op group (ms per step) | " + " | ".join(sides) + " |")
+    print("|---|" + "---:|" * len(sides))
+    for row in [*rows, "whole step"]:
+        cells = " | ".join(f"{results[s].get(row, 0.0):.1f}" for s in sides)
+        print(f"| {row} | {cells} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout")
@@ -202,11 +337,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="timed steps per run")
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for both sides")
     ap.add_argument("--octlm-args", default="", help="extra `octlm train` flags, space-separated")
+    ap.add_argument("--profile", action="store_true", help="op-group profile instead of timing")
+    ap.add_argument("--profile-side", help=argparse.SUPPRESS)
     args = ap.parse_args()
     checkout = args.nanogpt.resolve()
     if not (checkout / "train.py").is_file() or not (checkout / "model.py").is_file():
         sys.exit(f"bench: {checkout} has no train.py and model.py: pass a nanoGPT checkout")
     shape = Shape()
+    if args.profile_side:
+        print(json.dumps(profile_side(args.profile_side, checkout, shape, args.threads)))
+        return
+    if args.profile:
+        profile_table(checkout, shape, args.threads)
+        return
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     octlm_model = GPT(
         preset(

@@ -28,6 +28,10 @@ class TokenizerError(OctlmError):
     """Bad tokenizer file or settings."""
 
 
+class ResumeError(OctlmError):
+    """A checkpoint that does not belong to this run, or that this run cannot continue."""
+
+
 class RankError(OctlmError):
     """What one rank of a multi-process run alone hit (a file it cannot read): that rank prints
     it. An error every rank raises alike is printed by rank 0 only, not once per process."""

@@ -290,12 +290,22 @@ OLD_FINGERPRINTS = {
 
 
 def test_new_keys_leave_the_fingerprints_of_older_runs_as_they_were() -> None:
-    assert TrainConfig(model="tiny", context=64).fingerprint_for(1) == OLD_FINGERPRINTS[1]
-    assert TrainConfig().fingerprint_for(2) == OLD_FINGERPRINTS[2]
+    # Those runs had fused = false (the default then); a resume settles an unset `fused` to
+    # the checkpoint's value (resume_plan.settled_defaults) before the fingerprint is taken.
+    old = {"fused": False}
+    assert TrainConfig(model="tiny", context=64, **old).fingerprint_for(1) == OLD_FINGERPRINTS[1]
+    assert TrainConfig(**old).fingerprint_for(2) == OLD_FINGERPRINTS[2]
     explicit = {"schedule": "cosine", "decay_shape": "linear", "n_layers": None}
     assert (
-        TrainConfig(model="tiny", context=64, **explicit).fingerprint_for(1)
+        TrainConfig(model="tiny", context=64, **old, **explicit).fingerprint_for(1)
         == (OLD_FINGERPRINTS[1])
+    )
+
+
+def test_a_new_run_with_fused_unset_is_another_run_than_an_unfused_one() -> None:
+    assert TrainConfig(model="tiny", context=64).fingerprint_for(1) != OLD_FINGERPRINTS[1]
+    assert TrainConfig(model="tiny", context=64).fingerprint_for(1) == (
+        TrainConfig(model="tiny", context=64, fused=True).fingerprint_for(1)
     )
 
 

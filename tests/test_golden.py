@@ -54,3 +54,17 @@ def test_control_golden_folder_with_another_lr_is_refused(tmp_path) -> None:
     assert proc.stderr.startswith("octlm: error: ") and "Traceback" not in proc.stderr
     assert "lr" in proc.stderr
     assert (folder / "run" / "log.jsonl").read_bytes() == before
+
+
+def test_golden_folder_keeps_the_unfused_adamw_it_started_with(tmp_path) -> None:
+    """Fused AdamW became the default after this folder was written: left unset, the resume
+    takes the checkpoint's `fused = false` (the exact resume above); asking for the fused
+    kernel is a trajectory change, refused in one line."""
+    folder = tmp_path / "golden"
+    shutil.copytree(GOLDEN, folder)
+    before = (folder / "run" / "log.jsonl").read_bytes()
+    proc = _train(folder, "--resume", "--fused")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("octlm: error: ") and "Traceback" not in proc.stderr
+    assert "fused" in proc.stderr and proc.stderr.count("\n") == 1
+    assert (folder / "run" / "log.jsonl").read_bytes() == before

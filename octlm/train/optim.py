@@ -7,6 +7,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from octlm.config import FUSED_DEFAULT
+
 
 class OptimSettings(Protocol):
     """The settings AdamW is built from (a TrainConfig provides them)."""
@@ -16,7 +18,8 @@ class OptimSettings(Protocol):
     beta2: float
     eps: float
     weight_decay: float
-    fused: bool
+    fused: bool | None
+    """None: FUSED_DEFAULT."""
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -41,7 +44,7 @@ def build_optimizer(model: nn.Module, cfg: OptimSettings) -> torch.optim.AdamW:
         lr=cfg.lr,  # overwritten every step by the schedule
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
-        fused=True if cfg.fused else None,
+        fused=True if (FUSED_DEFAULT if cfg.fused is None else cfg.fused) else None,
     )
 
 

@@ -21,7 +21,7 @@ from octlm.data.order import Sampler
 from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
 from octlm.device import build_info, check_device_dtype, keep_freed_host_memory
-from octlm.errors import OctlmError
+from octlm.errors import OctlmError, ResumeError
 from octlm.evaluate import EvalResult, ValidationSet, validate
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, ModelConfig, preset
@@ -49,6 +49,7 @@ from octlm.train.inputs import (
     validation_set,
 )
 from octlm.train.optim import build_optimizer, param_names
+from octlm.train.resume_plan import plan_resume
 from octlm.train.saver import BackgroundSaver
 from octlm.train.shared_load import check_shared_folder, load_agreed
 from octlm.train.state import (
@@ -59,10 +60,6 @@ from octlm.train.state import (
     seed_everything,
 )
 from octlm.train.step import StepSetup
-
-
-class ResumeError(OctlmError):
-    """A checkpoint that does not belong to this run."""
 
 
 def resolve_data(cfg: TrainConfig) -> Path:
@@ -242,31 +239,11 @@ def write_checkpoint(
         ckpt.save_snapshot(out, step, ckpt.model_weights(tensors), header)
 
 
-def elastic_config(cfg: TrainConfig, world: int) -> tuple[TrainConfig, list[str]]:
-    """Resuming with another process count: keep the global batch by adjusting accumulation.
-    Decided before any part is built, so every part sees the accumulation it runs with."""
-    meta = ckpt.peek_newest_meta(Path(cfg.out))
-    if meta is None or meta.get("world", 1) == world:
-        return cfg, []
-    total = meta["trajectory"]["accum"]  # micro-batches per step over all ranks
-    if total % world:
-        raise ResumeError(
-            f"the checkpoint's {total} micro-batches per step do not split over {world} processes",
-            "resume with a process count that divides it",
-        )
-    note = (
-        f"checkpoint written by {meta.get('world', 1)} process(es), resumed by {world}: "
-        f"--accum set to {total // world} to keep the global batch; the data order continues, "
-        "but sums run in another order (not bitwise)"
-    )
-    return cfg.replace(accum=total // world), [note]
-
-
 def build_run(cfg: TrainConfig) -> Run:
     """Join the process group, then build every part in the order the bits depend on."""
     dist, device = init_distributed(cfg.device, cfg.dist_timeout)
     check_shared_folder(Path(cfg.out), dist, device)  # before any rank reads a checkpoint
-    cfg, notes = elastic_config(cfg, dist.world) if cfg.resume else (cfg, [])
+    cfg, notes = plan_resume(cfg, dist.world)
     check_device_dtype(device, cfg.dtype)
     if device.type == "cpu":
         keep_freed_host_memory()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from octlm.config import TrainConfig
+from octlm.config import FUSED_DEFAULT, TrainConfig
+from octlm.config_files import make_config
 from octlm.model import GPT, preset
 from octlm.train.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
+from octlm.train.resume_plan import settled_defaults
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
@@ -69,7 +71,9 @@ def test_optimizer_settings_come_from_the_config() -> None:
     for group in opt.param_groups:
         assert group["betas"] == (0.8, 0.9)
         assert group["eps"] == 1e-6
-        assert not group["fused"]
+        assert group["fused"]  # unset: FUSED_DEFAULT
+    unfused = build_optimizer(make_model(), cfg.replace(fused=False))
+    assert not any(g["fused"] for g in unfused.param_groups)
     set_lr(opt, 3e-4)
     assert [g["lr"] for g in opt.param_groups] == [3e-4, 3e-4]
 
@@ -117,3 +121,31 @@ def test_zero_grad_clip_leaves_gradients_bitwise_unchanged_and_returns_the_norm(
     assert expected > 1.0  # clipping would have changed them
     for g, p in zip(grads, model.parameters(), strict=True):
         assert torch.equal(p.grad, g)
+
+
+def test_fused_left_unset_is_on_for_a_new_run_and_the_checkpoints_on_resume() -> None:
+    cfg = make_config(None, model="micro", context=64)
+    assert cfg.fused is None and cfg.trajectory()["fused"] is FUSED_DEFAULT is True
+    assert settled_defaults(cfg, None).fused is True
+    assert settled_defaults(cfg, {"trajectory": {"fused": False}}).fused is False
+    assert settled_defaults(cfg, {"trajectory": {"fused": True}}).fused is True
+    explicit = make_config(None, model="micro", context=64, fused=False)
+    assert settled_defaults(explicit, {"trajectory": {"fused": True}}).fused is False
+
+
+def test_fused_and_unfused_adamw_differ_in_the_last_bits() -> None:
+    """Why the default may not silently apply to an older run: the kernels round differently."""
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = GPT(preset("micro"))
+        opt = build_optimizer(model, make_config(None, model="micro", context=64, fused=fused))
+        for _ in range(3):
+            x = torch.randint(0, 300, (2, 16))
+            loss_sum, n = model(x, x)
+            (loss_sum / n).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.allclose(results[0], results[1], atol=1e-5)
+    assert not torch.equal(results[0], results[1])
