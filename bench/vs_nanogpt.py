@@ -53,6 +53,8 @@ from octlm.model import GPT, preset
 
 ITER_LINE = re.compile(r"^iter (\d+): loss [\d.naninf]+, time ([\d.]+)ms")
 DATASET = "octlm_chars"
+NANOGPT_VOCAB = 84
+"""The embedded corpus's distinct characters: nanoGPT's vocabulary on its data here."""
 OCTLM_VOCAB = 4096
 """octlm's side trains on the embedded corpus at this vocabulary (prepared once, cached)."""
 
@@ -92,8 +94,8 @@ def char_dataset(folder: Path) -> int:
     return len(chars)
 
 
-def nanogpt_flops_per_token(checkout: Path, shape: Shape, vocab: int) -> int:
-    """6N + 12·L·d·T with N from nanoGPT's own model (its `estimate_mfu` convention)."""
+def nanogpt_model(checkout: Path, shape: Shape, vocab: int):
+    """nanoGPT's own GPT (its model.py, imported from the checkout) at the matched shape."""
     spec = importlib.util.spec_from_file_location("nanogpt_model", checkout / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -106,8 +108,13 @@ def nanogpt_flops_per_token(checkout: Path, shape: Shape, vocab: int) -> int:
         dropout=0.0,
         bias=False,
     )
-    with contextlib.redirect_stdout(open(os.devnull, "w")):
-        n = module.GPT(cfg).get_num_params()
+    with contextlib.redirect_stdout(open(os.devnull, "w")):  # it prints its parameter count
+        return module.GPT(cfg)
+
+
+def nanogpt_flops_per_token(checkout: Path, shape: Shape, vocab: int) -> int:
+    """6N + 12·L·d·T with N from nanoGPT's own model (its `estimate_mfu` convention)."""
+    n = nanogpt_model(checkout, shape, vocab).get_num_params()
     return 6 * n + 12 * shape.layers * shape.width * shape.context
 
 
@@ -237,21 +244,9 @@ def profile_side(side: str, checkout: Path, shape: Shape, threads: int) -> dict[
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     if side == "nanoGPT":
-        spec = importlib.util.spec_from_file_location("nanogpt_model", checkout / "model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        vocab = 84
-        cfg = module.GPTConfig(
-            block_size=shape.context,
-            vocab_size=vocab,
-            n_layer=shape.layers,
-            n_head=shape.heads,
-            n_embd=shape.width,
-            dropout=0.0,
-            bias=False,
-        )
+        vocab = NANOGPT_VOCAB
+        model = nanogpt_model(checkout, shape, vocab)
         with contextlib.redirect_stdout(open(os.devnull, "w")):
-            model = module.GPT(cfg)
             opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
 
         def loss_of(x, y):
