@@ -325,13 +325,88 @@ def profile_table(checkout: Path, shape: Shape, threads: int) -> None:
         print(f"| {row} | {cells} |")
 
 
+def timed_rounds(args, checkout: Path, shape: Shape, variants: dict[str, list[str]]) -> None:
+    """The interleaved rounds: nanoGPT and each octlm variant once per round, the order
+    rotated; per round each variant's FLOP/s over nanoGPT's; the paired medians at the end."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
+    octlm_config = preset(
+        "small",
+        n_layers=shape.layers,
+        d_model=shape.width,
+        n_heads=shape.heads,
+        vocab_size=OCTLM_VOCAB,
+        context=shape.context,
+    )
+    octlm_flops = GPT(octlm_config).flops_per_token(shape.context)
+    tokens = shape.batch * shape.context
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        vocab = char_dataset(scratch)
+        # train.py reads configurator.py from its working directory: point at the checkout's.
+        (scratch / "configurator.py").symlink_to(checkout / "configurator.py")
+        sides = [Side("nanoGPT", nanogpt_flops_per_token(checkout, shape, vocab), [], [])]
+        sides += [Side(name, octlm_flops, [], []) for name in variants]
+        ratios: dict[str, list[float]] = {name: [] for name in variants}
+        token_ratios: dict[str, list[float]] = {name: [] for name in variants}
+        print(
+            f"shape: {shape}; nanoGPT vocabulary {vocab}, octlm {OCTLM_VOCAB}; "
+            f"{args.threads} threads; {args.steps} timed steps per run"
+        )
+        print(
+            f"FLOPs/token: nanoGPT {sides[0].flops_per_token / 1e6:.1f} M, "
+            f"octlm {octlm_flops / 1e6:.1f} M"
+        )
+        for r in range(args.rounds):
+            shift = r % len(sides)
+            medians = {}
+            for side in sides[shift:] + sides[:shift]:
+                if side.name == "nanoGPT":
+                    times, rss = nanogpt_round(checkout, scratch, shape, args.steps, env)
+                else:
+                    times, rss = octlm_round(scratch, shape, args.steps, env, variants[side.name])
+                medians[side.name] = statistics.median(times)
+                side.step_ms.append(medians[side.name])
+                side.peak_rss_mb.append(rss)
+            flops = {s.name: s.flops_per_token * tokens / (medians[s.name] / 1e3) for s in sides}
+            line = [f"round {r + 1}: nanoGPT {medians['nanoGPT']:.1f} ms"]
+            for name in variants:
+                ratios[name].append(flops[name] / flops["nanoGPT"])
+                token_ratios[name].append(medians["nanoGPT"] / medians[name])
+                line.append(f"{name} {medians[name]:.1f} ms (FLOP/s ratio {ratios[name][-1]:.3f})")
+            print(", ".join(line))
+    print()
+    print("| side | ms/step (median of round medians) | range | GFLOP/s | peak RSS MB |")
+    print("|---|---:|---|---:|---:|")
+    for side in sides:
+        ms = statistics.median(side.step_ms)
+        print(
+            f"| {side.name} | {ms:.1f} | {min(side.step_ms):.1f} – {max(side.step_ms):.1f} | "
+            f"{side.flops_per_token * tokens / ms / 1e6:.1f} | "
+            f"{statistics.median(side.peak_rss_mb):.0f} |"
+        )
+    print()
+    for name in variants:
+        print(
+            f"{name} / nanoGPT achieved FLOP/s, paired median of {args.rounds} rounds: "
+            f"{statistics.median(ratios[name]):.3f} "
+            f"(rounds: {', '.join(f'{x:.3f}' for x in ratios[name])}); "
+            f"tokens/s: {statistics.median(token_ratios[name]):.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12, help="timed steps per run")
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for both sides")
-    ap.add_argument("--octlm-args", default="", help="extra `octlm train` flags, space-separated")
+    ap.add_argument(
+        "--octlm",
+        action="append",
+        metavar="NAME=FLAGS",
+        help="an octlm variant: a name and extra `octlm train` flags, space-separated (repeat "
+        "for several, e.g. --octlm eager= --octlm 'compile=--compile'); default: octlm=",
+    )
     ap.add_argument("--profile", action="store_true", help="op-group profile instead of timing")
     ap.add_argument("--profile-side", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -345,73 +420,13 @@ def main() -> None:
     if args.profile:
         profile_table(checkout, shape, args.threads)
         return
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
-    octlm_model = GPT(
-        preset(
-            "small",
-            n_layers=shape.layers,
-            d_model=shape.width,
-            n_heads=shape.heads,
-            vocab_size=OCTLM_VOCAB,
-            context=shape.context,
-        )
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp)
-        vocab = char_dataset(scratch)
-        # train.py reads configurator.py from its working directory: point at the checkout's.
-        (scratch / "configurator.py").symlink_to(checkout / "configurator.py")
-        nano = Side("nanoGPT", nanogpt_flops_per_token(checkout, shape, vocab), [], [])
-        octo = Side("octlm", octlm_model.flops_per_token(shape.context), [], [])
-        ratios, token_ratios = [], []
-        print(
-            f"shape: {shape}; nanoGPT vocabulary {vocab}, octlm 4096; "
-            f"{args.threads} threads; {args.steps} timed steps per run"
-        )
-        print(
-            f"FLOPs/token: nanoGPT {nano.flops_per_token / 1e6:.1f} M, "
-            f"octlm {octo.flops_per_token / 1e6:.1f} M"
-        )
-        extra = args.octlm_args.split()
-        for r in range(args.rounds):
-            order = [nano, octo] if r % 2 == 0 else [octo, nano]
-            medians = {}
-            for side in order:
-                if side is nano:
-                    times, rss = nanogpt_round(checkout, scratch, shape, args.steps, env)
-                else:
-                    times, rss = octlm_round(scratch, shape, args.steps, env, extra)
-                medians[side.name] = statistics.median(times)
-                side.step_ms.append(medians[side.name])
-                side.peak_rss_mb.append(rss)
-            tokens = shape.batch * shape.context
-            flops = {
-                s.name: s.flops_per_token * tokens / (medians[s.name] / 1e3) for s in (nano, octo)
-            }
-            ratios.append(flops["octlm"] / flops["nanoGPT"])
-            token_ratios.append(medians["nanoGPT"] / medians["octlm"])
-            print(
-                f"round {r + 1}: nanoGPT {medians['nanoGPT']:.1f} ms/step "
-                f"({flops['nanoGPT'] / 1e9:.1f} GFLOP/s), octlm {medians['octlm']:.1f} ms/step "
-                f"({flops['octlm'] / 1e9:.1f} GFLOP/s); FLOP/s ratio {ratios[-1]:.3f}"
-            )
-    print()
-    print("| side | ms/step (median of round medians) | range | GFLOP/s | peak RSS MB |")
-    print("|---|---:|---|---:|---:|")
-    tokens = shape.batch * shape.context
-    for side in (nano, octo):
-        ms = statistics.median(side.step_ms)
-        print(
-            f"| {side.name} | {ms:.1f} | {min(side.step_ms):.1f} – {max(side.step_ms):.1f} | "
-            f"{side.flops_per_token * tokens / ms / 1e6:.1f} | "
-            f"{statistics.median(side.peak_rss_mb):.0f} |"
-        )
-    print()
-    print(
-        f"octlm / nanoGPT achieved FLOP/s, paired median of {args.rounds} rounds: "
-        f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{x:.3f}' for x in ratios)})"
-    )
-    print(f"octlm / nanoGPT tokens/s, paired median: {statistics.median(token_ratios):.3f}")
+    variants = {}
+    for spec in args.octlm or ["octlm="]:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or name == "nanoGPT":
+            sys.exit(f"bench: --octlm {spec!r}: write NAME=FLAGS, e.g. compile=--compile")
+        variants[name] = flags.split()
+    timed_rounds(args, checkout, shape, variants)
 
 
 if __name__ == "__main__":
