@@ -108,7 +108,8 @@ def seed_small_state(meta: dict) -> tuple[dict, dict[str, torch.Tensor], float]:
     opt.step()
     opt.zero_grad(set_to_none=True)
 
-    borrowed = {key: meta[key] for key in (ckpt.TRAIN_STATE, ckpt.SAMPLER, *ckpt.IDENTITY_KEYS)}
+    keys = (ckpt.TRAIN_STATE, ckpt.SAMPLER, *ckpt.IDENTITY_KEYS)
+    borrowed = {key: meta.get(key) for key in keys}  # init_from: absent when unset
     borrowed["model_config"] = model.config.to_dict()
 
     def gather():
