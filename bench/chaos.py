@@ -35,6 +35,17 @@ def end_hash(out: Path) -> str | None:
     return ends[-1]["weights_sha256"] if ends else None
 
 
+def straight_reference(config: Path, root: Path, t0: float, *flags: str) -> str | None:
+    """The straight run's weights hash (ROOT/straight), printed; None when that run failed."""
+    error = subrun.train(config, root / "straight", *flags)
+    if error is not None:
+        print(f"straight run failed: {error}")
+        return None
+    reference = end_hash(root / "straight")
+    print(f"straight run: weights_sha256 {reference}  ({time.time() - t0:.0f} s)", flush=True)
+    return reference
+
+
 def last_logged_step(out: Path) -> int:
     if not (out / "log.jsonl").exists():
         return -1
@@ -78,12 +89,9 @@ def main() -> int:
     t0 = time.time()
     cfg = make_config(args.config, steps=args.steps, data=args.data, ckpt_every=args.ckpt_every)
     config = subrun.write_config(cfg, root / "config.toml")
-    error = subrun.train(config, root / "straight")
-    if error is not None:
-        print(f"straight run failed: {error}")
+    reference = straight_reference(config, root, t0)
+    if reference is None:
         return 2
-    reference = end_hash(root / "straight")
-    print(f"straight run: weights_sha256 {reference}  ({time.time() - t0:.0f} s)", flush=True)
 
     out = root / "chaos"
     env = {**os.environ, "OCTLM_CHAOS_SAVE_PAUSE": str(args.save_pause)}

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.chaos import checkpoint_step, end_hash, last_logged_step, unlisted, verdict
+from bench.chaos import checkpoint_step, last_logged_step, straight_reference, unlisted, verdict
 from octlm.config_files import make_config
 from octlm.tools import subrun
 
@@ -64,12 +64,9 @@ def main() -> int:
     cfg = cfg.replace(parallel=args.parallel, accum=max(1, cfg.accum // args.nproc))
     config = subrun.write_config(cfg, root / "config.toml")
     nproc = ("--nproc", str(args.nproc))
-    error = subrun.train(config, root / "straight", *nproc)
-    if error is not None:
-        print(f"straight run failed: {error}")
+    reference = straight_reference(config, root, t0, *nproc)
+    if reference is None:
         return 2
-    reference = end_hash(root / "straight")
-    print(f"straight run: weights_sha256 {reference}  ({time.time() - t0:.0f} s)", flush=True)
 
     out = root / "chaos"
     env = {**os.environ, "OCTLM_CHAOS_SAVE_PAUSE": str(args.save_pause)}

@@ -94,6 +94,18 @@ def char_dataset(folder: Path) -> int:
     return len(chars)
 
 
+def octlm_model_config(shape: Shape):
+    """The model `octlm train --model small` builds at the matched shape (vocabulary 4096)."""
+    return preset(
+        "small",
+        n_layers=shape.layers,
+        d_model=shape.width,
+        n_heads=shape.heads,
+        vocab_size=OCTLM_VOCAB,
+        context=shape.context,
+    )
+
+
 def nanogpt_model(checkout: Path, shape: Shape, vocab: int):
     """nanoGPT's own GPT (its model.py, imported from the checkout) at the matched shape."""
     spec = importlib.util.spec_from_file_location("nanogpt_model", checkout / "model.py")
@@ -255,16 +267,7 @@ def profile_side(side: str, checkout: Path, shape: Shape, threads: int) -> dict[
         if side == "octlm":
             keep_freed_host_memory()
         vocab = OCTLM_VOCAB
-        model = GPT(
-            preset(
-                "small",
-                n_layers=shape.layers,
-                d_model=shape.width,
-                n_heads=shape.heads,
-                vocab_size=vocab,
-                context=shape.context,
-            )
-        )
+        model = GPT(octlm_model_config(shape))
         fused = None if side == "octlm" else False
         opt = build_optimizer(model, make_config(None, context=shape.context, fused=fused))
 
@@ -329,15 +332,7 @@ def timed_rounds(args, checkout: Path, shape: Shape, variants: dict[str, list[st
     """The interleaved rounds: nanoGPT and each octlm variant once per round, the order
     rotated; per round each variant's FLOP/s over nanoGPT's; the paired medians at the end."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
-    octlm_config = preset(
-        "small",
-        n_layers=shape.layers,
-        d_model=shape.width,
-        n_heads=shape.heads,
-        vocab_size=OCTLM_VOCAB,
-        context=shape.context,
-    )
-    octlm_flops = GPT(octlm_config).flops_per_token(shape.context)
+    octlm_flops = GPT(octlm_model_config(shape)).flops_per_token(shape.context)
     tokens = shape.batch * shape.context
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)

@@ -22,6 +22,13 @@ SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.train.
 DECAY_SHAPES = ("linear", "1-sqrt")
 FUSED_DEFAULT = True
 """`fused` of a new run that leaves it unset (False before octlm used fused AdamW by default)."""
+
+
+def fused_or_default(fused: bool | None) -> bool:
+    """`fused` as a run that has not looked at a run folder uses it (resume_plan settles it)."""
+    return FUSED_DEFAULT if fused is None else fused
+
+
 TRACKERS = ("tensorboard", "wandb")  # --log-to (octlm.trackers); each is its own extra
 
 
@@ -295,8 +302,7 @@ class TrainConfig:
             if d[key] == default:  # absent, as in every run written before the key existed
                 d.pop(key)
         d["accum"] = self.accum * world
-        if d["fused"] is None:  # unresolved (no run folder looked at): what a new run uses
-            d["fused"] = FUSED_DEFAULT
+        d["fused"] = fused_or_default(d["fused"])
         return d
 
     @property

@@ -80,7 +80,7 @@ class Launch:
     @property
     def needed(self) -> bool:
         """Whether workers must be started: more than one process, or an elastic run."""
-        return self.nproc * self.nnodes > 1 or self.max_restarts > 0 or self.nnodes > 1
+        return self.nproc * self.nnodes > 1 or self.max_restarts > 0
 
     def torchrun_args(self) -> list[str]:
         """torchrun's own flags for this launch."""
@@ -139,8 +139,6 @@ def launch(spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | No
     # this launcher say in one line; its restart notices (another logger) stay.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     args = parse_args([*spec.torchrun_args(), "-m", "octlm", *worker_argv(argv)])
-    if spec.nnodes > 1 and spec.rdzv_id is None:
-        args.rdzv_id = "octlm"
     try:
         run(args)
     except ChildFailedError as exc:

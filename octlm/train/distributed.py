@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from octlm.device import resolve_device
+from octlm.errors import RankError
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,6 @@ _PEER_SILENT = ("Timed out waiting", "timed out", "Timeout")
 def peer_failure(exc: BaseException, info: DistInfo, steps_done: int, timeout_s: float):
     """The one-line error for a collective that failed because of another process, or None
     when `exc` is not that. A `RankError`: each rank that hits it says so with its own rank."""
-    from octlm.errors import RankError
-
     text = str(exc)
     if not info.enabled or not isinstance(exc, RuntimeError):
         return None

@@ -7,7 +7,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from octlm.config import FUSED_DEFAULT
+from octlm.config import fused_or_default
 
 
 class OptimSettings(Protocol):
@@ -19,7 +19,7 @@ class OptimSettings(Protocol):
     eps: float
     weight_decay: float
     fused: bool | None
-    """None: FUSED_DEFAULT."""
+    """None: `config.FUSED_DEFAULT`."""
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -44,7 +44,7 @@ def build_optimizer(model: nn.Module, cfg: OptimSettings) -> torch.optim.AdamW:
         lr=cfg.lr,  # overwritten every step by the schedule
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
-        fused=True if (FUSED_DEFAULT if cfg.fused is None else cfg.fused) else None,
+        fused=True if fused_or_default(cfg.fused) else None,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from octlm.config import FUSED_DEFAULT, TrainConfig
+from octlm.config import TrainConfig, fused_or_default
 from octlm.errors import ResumeError
 from octlm.train import checkpoint as ckpt
 
@@ -24,7 +24,7 @@ def settled_defaults(cfg: TrainConfig, meta: dict[str, Any] | None) -> TrainConf
     numbers it started with; a new run takes today's default."""
     if cfg.fused is None:
         saved = meta["trajectory"].get("fused") if meta is not None else None
-        cfg = cfg.replace(fused=FUSED_DEFAULT if saved is None else bool(saved))
+        cfg = cfg.replace(fused=fused_or_default(saved))
     return cfg
 
 
