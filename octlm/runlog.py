@@ -90,7 +90,8 @@ class Sink(Protocol):
         with a step at or past it is gone), None for a log started afresh."""
 
     def record(self, record: dict[str, Any]) -> None: ...
-    def close(self) -> None: ...
+    def close(self, failed: bool) -> None:
+        """Stop; `failed` when training ended with an error rather than a finish or a stop."""
 
 
 class RunLog:
@@ -180,12 +181,14 @@ class RunLog:
             elapsed=round(state.elapsed, 3),
         )
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Close the file and every sink; `failed` tells the sinks the run ended with an error
+        (W&B then marks it failed, not finished)."""
         if self._file is not None:
             self._file.close()
             self._file = None
         for sink in self.sinks:
-            sink.close()
+            sink.close(failed)
         self.sinks = ()
 
     def truncate_after(self, step: int) -> int:

@@ -134,6 +134,13 @@ def wandb_run_ids(run_folder: Path) -> set[str]:
     return {r.run.run_id for r in wandb_records(run_folder) if r.WhichOneof("record_type") == "run"}
 
 
+def wandb_exit_codes(run_folder: Path) -> list[int]:
+    """The exit codes the folder's session reported when it finished (W&B shows a non-zero
+    one as a failed run)."""
+    records = wandb_records(run_folder)
+    return [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"]
+
+
 def wandb_config(run_folder: Path) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for r in wandb_records(run_folder):

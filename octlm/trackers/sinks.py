@@ -83,9 +83,9 @@ class Guarded:
         if self.sink is not None:
             self._call(self.sink.record, record)
 
-    def close(self) -> None:
+    def close(self, run_failed: bool) -> None:
         if self.sink is not None:
-            self._call(self.sink.close)
+            self._call(self.sink.close, run_failed)
 
 
 def make_sinks(names: Sequence[str], out: Path) -> list[Guarded]:

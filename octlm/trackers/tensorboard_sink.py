@@ -52,7 +52,7 @@ class TensorBoardSink:
         header = json.dumps(record, indent=1, default=str)
         self.writer.add_text("header", "```\n" + header + "\n```", 0)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:  # event files have no run state to mark
         if self.writer is not None:
             self.writer.close()
             self.writer = None

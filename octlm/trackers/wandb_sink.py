@@ -66,7 +66,9 @@ class WandbSink:
             if kind == "end":
                 self.run.summary.update({"weights_sha256": record["weights_sha256"]})
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.run is not None:
-            self.run.finish()
+            # A run that ended in an error shows as failed, not finished. A clean stop
+            # (--stop-at, a signal) is a finished session: its resume reopens the same run.
+            self.run.finish(exit_code=1 if failed else 0)
             self.run = None

@@ -79,8 +79,10 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: boo
     sinks = make_sinks(trackers, out) if log_enabled else []
     log = RunLog(out, enabled=log_enabled, sinks=sinks)
     _start(run, log)
+    failed = True
     try:
         result = _loop(run, log, hard_exit)
+        failed = False
     except BaseException as exc:
         _finish_saves_quietly(run)
         lost = peer_failure(exc, run.dist, run.state.step, cfg.dist_timeout)
@@ -89,7 +91,7 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: boo
         log.event("peer_failure", run.state.step, rank=run.dist.rank, error=lost.problem)
         raise lost from None
     finally:
-        log.close()
+        log.close(failed)
     run.saver.close()
     return result
 

@@ -16,6 +16,7 @@ from tests.trackers_read import (
     tb_scalars,
     tb_texts,
     wandb_config,
+    wandb_exit_codes,
     wandb_history,
     wandb_numbers,
     wandb_run_ids,
@@ -29,12 +30,17 @@ MICRO = ("--model", "micro")
 SINKS = ("--log-to", "tensorboard,wandb")
 
 
-def test_split_with_trackers_equals_straight_without(tiny_dataset, tmp_path, monkeypatch):
+def offline_wandb(tmp_path, monkeypatch) -> None:
+    """W&B offline under tmp_path/wandb: no key, no network."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     (tmp_path / "wandb").mkdir()
+
+
+def test_split_with_trackers_equals_straight_without(tiny_dataset, tmp_path, monkeypatch):
+    offline_wandb(tmp_path, monkeypatch)
     ref, run = tmp_path / "straight", tmp_path / "split"
     octlm(*train_args(tiny_dataset, ref, *MICRO))
     first = octlm(*train_args(tiny_dataset, run, *MICRO, "--stop-at", "7", *SINKS))
@@ -65,9 +71,23 @@ def test_split_with_trackers_equals_straight_without(tiny_dataset, tmp_path, mon
     folders = sorted((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
     run_id = (run / "wandb_id").read_text().strip()
     assert len(folders) == 2 and all(wandb_run_ids(f) == {run_id} for f in folders)
+    assert [wandb_exit_codes(f) for f in folders] == [[0], [0]]  # a stop, then the finish
     first_rows, second_rows = (wandb_numbers(wandb_history(f)) for f in folders)
     assert first_rows == log_numbers(first_log)
     assert second_rows == log_numbers([r for r in log if r.get("step", -1) >= cut])
     header = log[0]["config"]
     assert wandb_config(folders[0])["lr"] == header["lr"]
     assert wandb_config(folders[0])["log_to"] == header["log_to"]
+
+
+def test_a_run_that_fails_is_marked_failed_in_wandb(tiny_dataset, tmp_path, monkeypatch):
+    """A run ended by an error (here the non-finite stop) reports a non-zero exit code, so W&B
+    shows it failed rather than finished; the control is the test above, whose sessions
+    report 0."""
+    offline_wandb(tmp_path, monkeypatch)
+    out = tmp_path / "nan"
+    flags = ("--lr", "1e6", "--warmup", "0", "--accum", "1", "--grad-clip", "0")
+    proc = octlm(*train_args(tiny_dataset, out, *MICRO, *flags, "--log-to", "wandb"), check=False)
+    assert proc.returncode == 1 and "non-finite" in proc.stderr
+    (folder,) = (tmp_path / "wandb" / "wandb").glob("offline-run-*")
+    assert wandb_exit_codes(folder) == [1]
