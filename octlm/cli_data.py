@@ -178,8 +178,9 @@ def _add_prepare(sub: Any, inputs: str) -> None:
     pr.add_argument("inputs", nargs="*", help=f"{inputs} (default: the embedded corpus)")
     pr.add_argument("--out", required=True, help="dataset folder to create")
     kinds = (
-        "text: documents to pretrain on (default); prompt-completion: JSON lines of "
-        "prompt/completion pairs, the prompt masked out of the loss (docs/finetune.md)"
+        "text: documents to pretrain on (default); prompt-completion: JSON lines (or "
+        "Parquet/Arrow rows) of prompt/completion pairs, the prompt masked out of the loss "
+        "(docs/finetune.md)"
     )
     pr.add_argument("--format", choices=("text", FORMAT), default="text", help=kinds)
     _add_read_flags(pr)

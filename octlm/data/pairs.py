@@ -1,5 +1,6 @@
 """`octlm prepare --format prompt-completion`: JSON lines of {"prompt": ..., "completion": ...}
-written as token shards plus a loss-mask stream, for fine-tuning with the prompt out of the loss.
+(or Parquet/Arrow files with those two string columns) written as token shards plus a
+loss-mask stream, for fine-tuning with the prompt out of the loss.
 
 An example is [BOS] + prompt + completion + EOS, the prompt and the completion encoded apart
 (so no BPE merge crosses the boundary and the mask falls on a token edge). Its loss mask marks
@@ -31,6 +32,7 @@ from octlm.data.shards import (
 )
 from octlm.data.sources import JSONL, Source, find_sources
 from octlm.data.split import VAL, KeyTable, SplitRule, plan_split
+from octlm.data.tables import ARROW, PARQUET, Column, read_columns
 from octlm.data.writer import IdsDigest
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
@@ -65,16 +67,38 @@ class PairsConfig:
 
 
 def read_examples(src: Source, prompt_field: str, completion_field: str) -> Iterator[Example]:
-    """The examples of one JSON-lines file, in file order; a bad line is a one-line error."""
+    """The examples of one JSON-lines, Parquet or Arrow file, in file order; a bad line or row
+    is a one-line error."""
+    if src.kind in (PARQUET, ARROW):
+        yield from _rows(src, prompt_field, completion_field)
+        return
     if src.kind != JSONL:
         raise DataError(
-            f"{src.path} is not JSON lines: --format {FORMAT} reads .jsonl/.json/.ndjson files "
-            "(also .gz/.xz/.bz2/.zst)",
+            f"{src.path} holds neither JSON lines nor a table: --format {FORMAT} reads "
+            ".jsonl/.json/.ndjson files (also .gz/.xz/.bz2/.zst) and .parquet/.arrow files",
             f'write one {{"{prompt_field}": ..., "{completion_field}": ...}} object per line',
         )
     with open(src.path, "rb") as raw, codec_errors_named(src.path, src.compression):
         stream = open_decompressed(raw, src.compression)
         yield from _lines(stream, src, prompt_field, completion_field)
+
+
+def _rows(src: Source, prompt_field: str, completion_field: str) -> Iterator[Example]:
+    """A table's rows as examples: two string columns, the id from an `id` column if any
+    (else FILE:ROW, as a JSON line's is FILE:LINE)."""
+    columns = (
+        Column(prompt_field, "the prompt column", "--prompt-field"),
+        Column(completion_field, "the completion column", "--completion-field"),
+    )
+    for row, (row_id, values) in enumerate(read_columns(src.path, src.kind, columns), start=1):
+        for col, value in zip(columns, values, strict=True):
+            if value is None:
+                raise DataError(
+                    f"{src.path} row {row}: column {col.name!r} is null",
+                    "give every row a prompt and a completion, or drop that row",
+                )
+        prompt, completion = values
+        yield Example(row_id or f"{src.name}:{row}", prompt, completion)
 
 
 def _lines(

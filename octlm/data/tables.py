@@ -1,10 +1,12 @@
 """Parquet and Arrow IPC files (file or stream format, as HF `datasets` writes its cache) read
-as rows of one text column, with `pyarrow` (the `octlm[data]` extra), a record batch at a time.
+as rows of one text column (documents) or of several (prompt and completion), with `pyarrow`
+(the `octlm[data]` extra), a record batch at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 from types import ModuleType
@@ -22,21 +24,50 @@ def read_rows(
 ) -> Iterator[tuple[str | None, str]]:
     """(id or None, text) per row: the id from an `id` column if the file has one; a null text
     is an empty document. `on_fraction(f)` hears how much of the file is read (when known)."""
+    columns = (Column(field, "the text column", "--text-field"),)
+    for row_id, (text,) in read_columns(path, kind, columns, on_fraction):
+        yield row_id, text or ""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A string column to read, and how an error names it and the flag that picks another."""
+
+    name: str
+    what: str
+    flag: str
+
+    def hint(self) -> str:
+        return f"name {self.what} with {self.flag}"
+
+
+def read_columns(
+    path: Path,
+    kind: str,
+    columns: Sequence[Column],
+    on_fraction: Callable[[float], None] | None = None,
+) -> Iterator[tuple[str | None, tuple[str | None, ...]]]:
+    """(id or None, the row's values of `columns`, None where null) per row, in file order;
+    the id from an `id` column if the file has one and it is not among `columns`."""
     pa = require("pyarrow", f"reading {path}")
+    names = [c.name for c in columns]
     row = 0
     try:
-        names, total_rows, batches = _open(path, kind, pa, field)
+        schema_names, total_rows, batches = _open(path, kind, pa, columns)
+        with_id = "id" in schema_names and "id" not in names
         for batch in batches:
-            column = batch.column(batch.schema.get_field_index(field))
-            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-                raise DataError(
-                    f"{path} column {field!r} holds {column.type}, not strings",
-                    "name the text column with --text-field",
-                )
-            ids = _ids(batch, names, field)
-            for i, text in enumerate(column.to_pylist()):
-                yield (None if ids is None or ids[i] is None else str(ids[i])), text or ""
-            row += len(column)
+            values = []
+            for col in columns:
+                array = batch.column(batch.schema.get_field_index(col.name))
+                if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+                    raise DataError(
+                        f"{path} column {col.name!r} holds {array.type}, not strings", col.hint()
+                    )
+                values.append(array.to_pylist())
+            ids = batch.column(batch.schema.get_field_index("id")).to_pylist() if with_id else None
+            for i, row_values in enumerate(zip(*values, strict=True)):
+                yield (None if ids is None or ids[i] is None else str(ids[i])), row_values
+            row += batch.num_rows
             if on_fraction is not None and total_rows:
                 on_fraction(row / total_rows)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -46,22 +77,17 @@ def read_rows(
         ) from None
 
 
-def _ids(batch: Any, names: list[str], field: str) -> list[Any] | None:
-    if "id" not in names or field == "id":
-        return None
-    return batch.column(batch.schema.get_field_index("id")).to_pylist()
-
-
 def _open(
-    path: Path, kind: str, pa: ModuleType, field: str
+    path: Path, kind: str, pa: ModuleType, columns: Sequence[Column]
 ) -> tuple[list[str], int, Iterator[Any]]:
-    """(column names, rows if known, record batches of the text and id columns)."""
+    """(column names, rows if known, record batches of the wanted columns and the id)."""
     if kind == PARQUET:
         pf = import_module("pyarrow.parquet").ParquetFile(path)
         names = pf.schema_arrow.names
-        _check_column(path, names, field)
-        columns = [field] + (["id"] if "id" in names and field != "id" else [])
-        return names, pf.metadata.num_rows, pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns)
+        _check_columns(path, names, columns)
+        wanted = [c.name for c in columns]
+        wanted += ["id"] if "id" in names and "id" not in wanted else []
+        return names, pf.metadata.num_rows, pf.iter_batches(batch_size=_BATCH_ROWS, columns=wanted)
     ipc = import_module("pyarrow.ipc")
     try:
         reader = ipc.open_file(pa.memory_map(str(path)))
@@ -71,13 +97,13 @@ def _open(
     except pa.ArrowInvalid:  # not the file format: HF datasets' cache files are IPC streams
         stream = ipc.open_stream(pa.memory_map(str(path)))
         names, batches, total = stream.schema.names, iter(stream), 0
-    _check_column(path, names, field)
+    _check_columns(path, names, columns)
     return names, total, batches
 
 
-def _check_column(path: Path, names: list[str], field: str) -> None:
-    if field not in names:
-        raise DataError(
-            f"{path} has no column {field!r} (columns: {', '.join(names)})",
-            "name the text column with --text-field",
-        )
+def _check_columns(path: Path, names: list[str], columns: Sequence[Column]) -> None:
+    for col in columns:
+        if col.name not in names:
+            raise DataError(
+                f"{path} has no column {col.name!r} (columns: {', '.join(names)})", col.hint()
+            )

@@ -95,6 +95,59 @@ def test_the_same_ids_split_the_same_way_and_gzip_reads_the_same(tmp_path) -> No
     assert sorted(val_c.window(0, len(val_c))) == sorted(val_d.window(0, len(val_d)))
 
 
+def test_parquet_and_arrow_tables_prepare_like_the_same_json_lines(tmp_path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [{"id": f"q{i}", **p} for i, p in enumerate(PAIRS)]
+    ref = prepare_pairs(config(tmp_path, jsonl(tmp_path / "ref.jsonl", rows), out=tmp_path / "j"))
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, tmp_path / "pairs.parquet", row_group_size=7)  # several batches
+    with (
+        pa.OSFile(str(tmp_path / "pairs.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
+        writer.write_table(table, max_chunksize=9)
+    want = ShardDataset.open(tmp_path / "j")
+    for name in ("pairs.parquet", "pairs.arrow"):
+        out = tmp_path / name.removeprefix("pairs.")
+        got = prepare_pairs(config(tmp_path, tmp_path / name, out=out))
+        ds = ShardDataset.open(out)
+        assert (
+            got["splits"]["val"]["document_ids_sha256"]
+            == (ref["splits"]["val"]["document_ids_sha256"])
+        )  # the id column decides the split, as the JSON lines' "id" does
+        for split in ("train", "val"):
+            a, b = getattr(ds, split), getattr(want, split)
+            assert np.array_equal(a.window(0, len(a)), b.window(0, len(b))), (name, split)
+            m, n = getattr(ds, f"{split}_mask"), getattr(want, f"{split}_mask")
+            assert np.array_equal(m.window(0, len(m)), n.window(0, len(n))), (name, split)
+
+
+def test_bad_tables_are_one_line_and_write_nothing(tmp_path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    cases = {
+        "no column": (
+            {"question": ["a"], "completion": ["b"]},
+            "has no column 'prompt' (columns: question, completion); name the prompt column "
+            "with --prompt-field",
+        ),
+        "null": ({"prompt": ["a", "b"], "completion": ["c", None]}, "row 2: column 'completion'"),
+        "not strings": (
+            {"prompt": ["a"], "completion": [3]},
+            "column 'completion' holds int64, not strings; name the completion column with "
+            "--completion-field",
+        ),
+    }
+    for name, (columns, says) in cases.items():
+        src = tmp_path / "x.parquet"
+        pq.write_table(pa.table(columns), src)
+        with pytest.raises(DataError) as err:
+            prepare_pairs(config(tmp_path, src))
+        assert says in f"{err.value.problem}; {err.value.fix}", name
+        assert not (tmp_path / "out").exists(), name
+
+
 BAD = {
     "missing": (
         [{"prompt": "a", "completion": "b"}, {"prompt": "a"}],
