@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from octlm.errors import OctlmError
 from octlm.hashing import file_checksum
 from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
 from octlm.train import loop
+from octlm.train import step as step_module
 from tests.e2e.helpers import end_hash, listed, octlm, run_cfg, train_args
 
 pytestmark = pytest.mark.slow
@@ -90,37 +92,57 @@ def test_second_trainer_on_the_same_out_refuses(tiny_dataset, tmp_path) -> None:
     octlm(*train_args(tiny_dataset, out, "--stop-at", "1"))
 
 
-def test_nonfinite_stops_and_keeps_the_last_good_checkpoint(tiny_dataset, tmp_path) -> None:
-    out = tmp_path / "nan"
-    flags = (
-        "--lr",
-        "1e6",
-        "--warmup",
-        "0",
-        "--accum",
-        "1",
-        "--grad-clip",
-        "0",
-        "--ckpt-every",
-        "2",
-    )
-    proc = octlm(*train_args(tiny_dataset, out, *flags), check=False)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("octlm: error: non-finite loss or gradient norm at step ")
-    assert "--skip-nonfinite" in line
-    bad_step = int(line.split("at step ")[1].split()[0])
-    assert [e["step"] for e in listed(out)][-1] <= bad_step  # nothing saved after the bad step
-    path, sha = ckpt.find_checkpoint(out)
-    ckpt.load_checkpoint(path, sha)  # the kept checkpoint is intact
-    events = [r for r in read_log(out) if r.get("event") == "nonfinite"]
-    assert events and events[0]["step"] == bad_step
+BAD_STEP = 5
+"""The step the poisoned runs below make non-finite: after the checkpoint at step 4."""
 
+
+def _poison_step(monkeypatch, where: str) -> None:
+    """Make step BAD_STEP non-finite on every machine: the real forward and backward run, then
+    the step's loss (or one gradient) is replaced by NaN before the loop's own check. A high
+    learning rate would diverge at a step that depends on the CPU's rounding."""
+    real = step_module._backward
+    calls = {"n": 0}
+
+    def poisoned(setup, *args):
+        loss = real(setup, *args)
+        calls["n"] += 1  # one call per optimizer step, in this fresh process
+        if calls["n"] == BAD_STEP:
+            if where == "loss":
+                return loss * float("nan")
+            param = next(p for p in setup.forward.parameters() if p.grad is not None)
+            param.grad.view(-1)[0] = float("nan")  # the loss stays finite, the norm does not
+        return loss
+
+    monkeypatch.setattr(step_module, "_backward", poisoned)
+
+
+@pytest.mark.parametrize("where", ["loss", "grad"])
+def test_nonfinite_stops_and_keeps_the_last_good_checkpoint(
+    tiny_dataset, tmp_path, monkeypatch, where
+):
+    out = tmp_path / "nan"
+    _poison_step(monkeypatch, where)
+    with pytest.raises(OctlmError) as err:
+        loop.train(run_cfg(tiny_dataset, out, steps=8, ckpt_every=2))
+    assert err.value.problem.startswith(f"non-finite loss or gradient norm at step {BAD_STEP} ")
+    assert "--skip-nonfinite" in err.value.fix
+    assert [e["step"] for e in listed(out)] == [2, 4]  # nothing saved at or after the bad step
+    path, sha = ckpt.find_checkpoint(out)
+    meta, _ = ckpt.load_checkpoint(path, sha)  # the kept checkpoint is intact
+    assert meta["train_state"]["step"] == 4
+    events = [r for r in read_log(out) if r.get("event") == "nonfinite"]
+    assert [e["step"] for e in events] == [BAD_STEP]
+    steps = [r["step"] for r in read_log(out) if r["type"] == "step"]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_skip_nonfinite_skips_only_the_poisoned_step(tiny_dataset, tmp_path, monkeypatch):
     skip = tmp_path / "skip"
-    octlm(*train_args(tiny_dataset, skip, *flags, "--skip-nonfinite"))
+    _poison_step(monkeypatch, "loss")
+    loop.train(run_cfg(tiny_dataset, skip, steps=8, skip_nonfinite=True))
     records = read_log(skip)
     skipped = [r for r in records if r["type"] == "step" and r.get("skipped")]
-    assert skipped and skipped[-1]["skipped_steps"] == len(skipped)
+    assert [(r["step"], r["skipped_steps"]) for r in skipped] == [(BAD_STEP, 1)]
     assert records[-1]["type"] == "end"
 
 
