@@ -11,7 +11,7 @@ import contextlib
 import datetime
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from octlm.device import resolve_device
-from octlm.errors import RankError
+from octlm.errors import OctlmError, RankError
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ def init_distributed(device_name: str, timeout_s: float = 1800.0) -> tuple[DistI
     A collective that waits `timeout_s` for a peer raises (see `peer_failure`)."""
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
         return DistInfo(), resolve_device(device_name)
+    refuse_shared_store_restarts(os.environ)
     info = DistInfo(
         int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     )
@@ -58,10 +59,41 @@ def init_distributed(device_name: str, timeout_s: float = 1800.0) -> tuple[DistI
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(
-            "nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s)
-        )
+        try:
+            dist.init_process_group(
+                "nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s)
+            )
+        except RuntimeError as exc:  # the store's or the backend's timeout (DistStoreError...)
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            raise RankError(
+                f"rank {info.rank}: the {info.world} processes did not meet at {where} within "
+                f"--dist-timeout {timeout_s:g} s ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})",
+                "check that every process was started and can reach that address, then run "
+                "the command again (with --resume if a run was under way)",
+            ) from None
     return info, device
+
+
+def refuse_shared_store_restarts(env: Mapping[str, str]) -> None:
+    """Refuse a plain `torchrun --max-restarts N` whose workers use the agent's shared TCPStore.
+
+    That store outlives a failed worker group with its keys, and a restarted group can read a
+    dead peer's address and hang in start-up for good (pytorch/pytorch#135712: here 3 of 6
+    plain-torchrun runs with SIGKILLed workers hung past 300 s; with the store not shared, 4
+    of 4 ended on the straight run's bits). Only the agent can stop sharing it, so a worker can
+    but refuse, at once and before anything is written. octlm's own launcher (`--nproc N
+    --max-restarts K`) sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which torchrun passes on as
+    TORCHELASTIC_USE_AGENT_STORE=False.
+    """
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if restarts > 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise OctlmError(
+            f"torchrun --max-restarts {restarts} with the agent's shared TCPStore can hang a "
+            "restarted group in start-up (pytorch/pytorch#135712)",
+            "set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment, or launch with "
+            f"octlm train --nproc N --max-restarts {restarts}",
+        )
 
 
 def shutdown() -> None:

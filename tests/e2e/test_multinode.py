@@ -84,6 +84,34 @@ def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float =
     raise AssertionError(f"no step {step} within {timeout} s")
 
 
+def kill_twice(proc: subprocess.Popen, out: Path, rng: random.Random) -> None:
+    """SIGKILL a random worker of the group at steps 2 and 4, each time somewhere in a step or a
+    checkpoint write. The second kill waits for a step record written after the restarted
+    group's resume (the log is cut back on resume: an older step 4 record would not do)."""
+    for kills, step in enumerate((2, 4)):
+        deadline = time.monotonic() + 120
+        while not _stepped_since_resume(out, step, kills):
+            assert proc.poll() is None, "the run ended before the step came"
+            assert time.monotonic() < deadline, f"no step {step} after {kills} resume(s)"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, 0.3))
+        workers = workers_of(proc.pid)
+        assert len(workers) == 2 and proc.poll() is None
+        os.kill(rng.choice(workers), signal.SIGKILL)
+
+
+def _stepped_since_resume(out: Path, step: int, resumes: int) -> bool:
+    log = out / "log.jsonl"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    resumed = [i for i, ln in enumerate(lines) if '"event": "resume"' in ln]
+    if len(resumed) < resumes:
+        return False
+    since = lines[resumed[-1] + 1 :] if resumes else lines
+    return any(
+        f'"step": {s},' in ln and '"type": "step"' in ln for ln in since for s in range(step, 99)
+    )
+
+
 @pytest.fixture(scope="module")
 def one_node(two_process_run) -> Path:
     """The reference: one launcher, two workers, straight through."""
@@ -129,22 +157,75 @@ def test_elastic_restarts_after_killed_workers_end_identical(
         reference = tmp_path / "straight"
         code, err = finish(start(*args(tiny_dataset, reference, *mode)))
         assert code == 0, err
-    out, rng = tmp_path / "elastic", random.Random(18)
+    out = tmp_path / "elastic"
     proc = start(*args(tiny_dataset, out, *mode, "--max-restarts", "3"))
-    kills = 0
-    for step in (2, 4):
-        wait_for_step(out, step, proc)
-        time.sleep(rng.uniform(0, 0.3))  # somewhere in a step or a checkpoint write
-        workers = workers_of(proc.pid)
-        if len(workers) == 2 and proc.poll() is None:
-            os.kill(rng.choice(workers), signal.SIGKILL)
-            kills += 1
+    kill_twice(proc, out, random.Random(18))
     code, err = finish(proc)
     assert code == 0, err
-    assert kills == 2
     assert err.count("resumed from") >= 1
     assert end_hash(out) == end_hash(reference)
     assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
+
+
+def torchrun(*argv: str, share_store: bool) -> subprocess.Popen:
+    """A plain `torchrun --standalone` of two workers, as a user would type it (no octlm
+    launcher: nothing of octlm's is in the agent's environment)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    if not share_store:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env["OCTLM_CACHE"] = "/nonexistent-octlm-cache"
+    return subprocess.Popen([*cmd, *argv], stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_plain_torchrun_restarts_on_the_shared_store_are_refused(tiny_dataset, tmp_path):
+    """torchrun's agent shares its TCPStore with the workers unless told not to, and a restarted
+    group can then hang in start-up (pytorch#135712): refused at start, in one line naming the
+    fix, before the run folder exists."""
+    out = tmp_path / "refused"
+    proc = torchrun(
+        "--max-restarts", "1", "-m", "octlm", *args(tiny_dataset, out), share_store=True
+    )
+    code, err = finish(proc)
+    assert code != 0
+    lines = [ln for ln in err.splitlines() if ln.startswith("octlm: error:")]
+    assert lines and all(ln == lines[0] for ln in lines)  # each attempt's rank 0, the same line
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in lines[0] and "--max-restarts 1" in lines[0]
+    assert not out.exists()
+
+
+def test_plain_torchrun_restarts_after_killed_workers_end_identical(
+    tiny_dataset, one_node, tmp_path
+) -> None:
+    """The same kills as above under a plain torchrun with the store not shared: each restarted
+    group resumes (TORCHELASTIC_RESTART_COUNT > 0 turns --resume on) and ends on the bits."""
+    out = tmp_path / "plain"
+    argv = args(tiny_dataset, out, "--ckpt-every", "1")
+    proc = torchrun("--max-restarts", "3", "-m", "octlm", *argv, share_store=False)
+    kill_twice(proc, out, random.Random(26))
+    code, err = finish(proc)
+    assert code == 0, err
+    assert err.count("resumed from") >= 1
+    assert end_hash(out) == end_hash(one_node)
+    assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
+
+
+def test_a_group_that_never_forms_ends_in_one_line_within_the_dist_timeout(tiny_dataset, tmp_path):
+    """Rank 0 of two, started alone (its peer never comes): start-up is bounded by
+    --dist-timeout too, and ends in one line without a traceback, leaving no folder behind."""
+    out = tmp_path / "alone"
+    world = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    t0 = time.monotonic()
+    proc = start(
+        *args(tiny_dataset, out, "--dist-timeout", "3"), **world, MASTER_PORT=str(free_port())
+    )
+    code, err = finish(proc, timeout=60)
+    assert code == 1 and time.monotonic() - t0 < 30
+    lines = [ln for ln in err.splitlines() if ln.startswith("octlm: error:")]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert "rank 0: the 2 processes did not meet at 127.0.0.1:" in lines[0]
+    assert "--dist-timeout 3 s" in lines[0]
+    assert not out.exists()
 
 
 def test_preemption_of_one_worker_checkpoints_and_asks_for_requeue(
