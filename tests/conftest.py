@@ -26,6 +26,7 @@ import pytest
 from octlm.data.corpus import Document, embedded_documents
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.tokenizer import Tokenizer
+from tests.shared import shared
 
 atexit.register(shutil.rmtree, os.environ["OCTLM_CACHE"], True)
 
@@ -43,34 +44,36 @@ def corpus_docs() -> list[Document]:
 @pytest.fixture(scope="session")
 def tiny_tokenizer(corpus_docs, tmp_path_factory) -> Tokenizer:
     """A 512-token BPE trained on the first 6 works (by id), loaded back from its saved file."""
-    docs = sorted(corpus_docs, key=lambda d: d.id)[:6]
-    path = tmp_path_factory.mktemp("tiny_tokenizer") / "tokenizer.json"
-    Tokenizer.train([d.text for d in docs], TINY_VOCAB).save(path)
-    return Tokenizer.load(path)
+
+    def build(folder: Path) -> None:
+        docs = sorted(corpus_docs, key=lambda d: d.id)[:6]
+        Tokenizer.train([d.text for d in docs], TINY_VOCAB).save(folder / "tokenizer.json")
+
+    return Tokenizer.load(shared(tmp_path_factory, "tiny_tokenizer", build) / "tokenizer.json")
 
 
 @pytest.fixture(scope="session")
 def tiny_dataset(corpus_docs, tmp_path_factory) -> Path:
     """A prepared dataset folder from the first 12 works (by id): vocab 512, context 64, train in
     several 200,000-token shards. Read-only: copy it before changing anything."""
-    root = tmp_path_factory.mktemp("tiny_dataset")
-    source = root / "docs.jsonl"
-    docs = sorted(corpus_docs, key=lambda d: d.id)[:12]
-    source.write_text(
-        "".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs), encoding="utf-8"
-    )
-    out = root / "data"
-    prepare(
-        PrepareConfig(
-            out=out,
+
+    def build(root: Path) -> None:
+        source = root / "docs.jsonl"
+        docs = sorted(corpus_docs, key=lambda d: d.id)[:12]
+        source.write_text(
+            "".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs),
+            encoding="utf-8",
+        )
+        config = PrepareConfig(
+            out=root / "data",
             inputs=(str(source),),
             vocab_size=TINY_VOCAB,
             context=TINY_CONTEXT,
             shard_tokens=TINY_SHARD_TOKENS,
-        ),
-        progress=False,
-    )
-    return out
+        )
+        prepare(config, progress=False)
+
+    return shared(tmp_path_factory, "tiny_dataset", build) / "data"
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +82,25 @@ def two_process_run(tiny_dataset, tmp_path_factory) -> Path:
     straight through (one launcher). Read-only."""
     from tests.e2e.helpers import dist_args, octlm
 
-    out = tmp_path_factory.mktemp("two-process") / "run"
-    octlm(*dist_args(tiny_dataset, out, "--accum", "1", "--nproc", "2"))
-    return out
+    def build(folder: Path) -> None:
+        octlm(*dist_args(tiny_dataset, folder / "run", "--accum", "1", "--nproc", "2"))
+
+    return shared(tmp_path_factory, "two_process_run", build) / "run"
+
+
+@pytest.fixture(scope="session")
+def straight_run(tiny_dataset, tmp_path_factory):
+    """`straight_run(*extra)`: the run folder of `octlm train` with the standard tiny arguments
+    (tests/e2e/helpers.py `train_args`) plus `extra`, straight through; trained once per
+    session for each distinct `extra`, whichever module or worker asks first. Read-only."""
+    from tests.e2e.helpers import octlm, train_args
+
+    def get(*extra: str) -> Path:
+        key = "straight" + "".join(f"_{x.lstrip('-')}" for x in extra)
+
+        def build(folder: Path) -> None:
+            octlm(*train_args(tiny_dataset, folder / "run", *extra))
+
+        return shared(tmp_path_factory, key, build) / "run"
+
+    return get

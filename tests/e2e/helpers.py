@@ -71,13 +71,13 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 DIST_STEPS = 6
+DIST_FLAGS = ("--steps", str(DIST_STEPS), "--warmup", "2", "--ckpt-every", "2")
+"""What `dist_args` adds to `train_args`."""
 
 
 def dist_args(data: Path, out: Path, *extra: str) -> list[str]:
     """A 6-step tiny run for the multi-process tests (DDP/FSDP, nodes, faults); give --accum."""
-    return train_args(
-        data, out, "--steps", str(DIST_STEPS), "--warmup", "2", "--ckpt-every", "2", *extra
-    )
+    return train_args(data, out, *DIST_FLAGS, *extra)
 
 
 def steps_of(run: Path) -> list[tuple[int, float, float]]:

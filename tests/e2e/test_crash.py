@@ -26,10 +26,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def straight_hash(tiny_dataset, tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("crash-ref") / "run"
-    octlm(*train_args(tiny_dataset, out))
-    return end_hash(out)
+def straight_hash(straight_run) -> str:
+    return end_hash(straight_run())
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])

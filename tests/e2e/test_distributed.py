@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from octlm.train import checkpoint as ckpt
+from tests.e2e.helpers import DIST_FLAGS, end_hash, octlm, steps_of
 from tests.e2e.helpers import DIST_STEPS as STEPS
 from tests.e2e.helpers import dist_args as args
-from tests.e2e.helpers import end_hash, octlm, steps_of
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +37,9 @@ def max_weight_diff(a: Path, b: Path) -> float:
 
 
 @pytest.fixture(scope="module")
-def single(tiny_dataset, tmp_path_factory) -> Path:
+def single(straight_run) -> Path:
     """One process, accumulation 2: the same global batch as 2 ranks x accumulation 1."""
-    out = tmp_path_factory.mktemp("single") / "run"
-    octlm(*args(tiny_dataset, out, "--accum", "2"))
-    return out
+    return straight_run(*DIST_FLAGS, "--accum", "2")
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +80,8 @@ FSDP = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
 
 
 @pytest.fixture(scope="module")
-def fsdp_straight(tiny_dataset, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fsdp") / "run"
-    octlm(*args(tiny_dataset, out, *FSDP))
-    return out
+def fsdp_straight(straight_run) -> Path:
+    return straight_run(*DIST_FLAGS, *FSDP)
 
 
 def test_fsdp2_split_equals_straight_and_reshards(

@@ -18,10 +18,8 @@ DROPOUT = ("--dropout", "0.1")
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_dataset: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("memory") / "plain"
-    octlm(*train_args(tiny_dataset, out, *DROPOUT))
-    return out
+def plain(straight_run) -> Path:
+    return straight_run(*DROPOUT)
 
 
 def test_recomputed_blocks_give_the_plain_runs_bits_across_a_resume(

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from octlm.train import checkpoint as ckpt
+from tests.e2e.helpers import DIST_FLAGS, dist_args, end_hash, steps_of
 from tests.e2e.helpers import DIST_STEPS as STEPS
-from tests.e2e.helpers import dist_args, end_hash, steps_of
 
 pytestmark = pytest.mark.slow
 
@@ -146,17 +146,16 @@ def test_a_rank_that_cannot_see_the_run_folder_stops_the_run(tiny_dataset, tmp_p
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_elastic_restarts_after_killed_workers_end_identical(
-    tiny_dataset, one_node, tmp_path, parallel
+    tiny_dataset, one_node, straight_run, tmp_path, parallel
 ) -> None:
     """SIGKILL a random worker at a random moment, twice; torchrun's agent restarts the group,
-    each restart resumes from the newest intact checkpoint, and the end is the straight run's."""
+    each restart resumes from the newest intact checkpoint, and the end is the straight run's
+    (the same trajectory straight, checkpointed every 2 steps: intervals touch no bit)."""
     mode = ("--nproc", "2", "--parallel", parallel, "--ckpt-every", "1")
     if parallel == "ddp":
         reference = one_node
     else:
-        reference = tmp_path / "straight"
-        code, err = finish(start(*args(tiny_dataset, reference, *mode)))
-        assert code == 0, err
+        reference = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", "--parallel", "fsdp")
     out = tmp_path / "elastic"
     proc = start(*args(tiny_dataset, out, *mode, "--max-restarts", "3"))
     kill_twice(proc, out, random.Random(18))

@@ -35,18 +35,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_dataset: Path, tmp_path_factory):
-    """Straight runs, trained once per distinct set of extra flags."""
-    cache: dict[tuple[str, ...], Path] = {}
-
-    def get(*extra: str) -> Path:
-        if extra not in cache:
-            out = tmp_path_factory.mktemp("straight") / "run"
-            octlm(*train_args(tiny_dataset, out, *extra))
-            cache[extra] = out
-        return cache[extra]
-
-    return get
+def reference(straight_run):
+    """Straight runs, trained once per session for each distinct set of extra flags."""
+    return straight_run
 
 
 @pytest.fixture(scope="module")
