@@ -16,6 +16,11 @@ import types
 from importlib import import_module
 from typing import Any
 
+import octlm.numerics
+
+# Before anything of octlm imports torch: MKL and OpenMP read their settings when they start.
+octlm.numerics.pin()
+
 __version__ = "0.1.0"
 
 # The one exception to "no re-exports" (docs/architecture.md): this facade is the public Python

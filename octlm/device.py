@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from octlm.config import DTYPES
+from octlm import numerics
+from octlm.config import DTYPES, changed_keys
 from octlm.errors import OctlmError
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -151,4 +152,16 @@ def build_info(device: torch.device) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(device) if cuda else f"cpu:{platform.machine()}",
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
+        "numerics": numerics.record(),
     }
+
+
+def build_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """How the build a checkpoint was written on differs from this one, where that can change
+    bits: release, device, platform, thread count, MKL's reproducibility mode. Who set a
+    variable, and MKL's dynamic switch (it matters only under load), are not differences."""
+    changes = changed_keys(
+        {k: v for k, v in old.items() if k != "numerics"},
+        {k: v for k, v in new.items() if k != "numerics"},
+    )
+    return changes + numerics.bits_changes(old.get("numerics"), new["numerics"])

@@ -15,12 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from octlm.config import TrainConfig, changed_keys, trajectory_changes
+from octlm.config import TrainConfig, trajectory_changes
 from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
-from octlm.device import build_info, check_device_dtype, keep_freed_host_memory
+from octlm.device import (
+    build_changes,
+    build_info,
+    check_device_dtype,
+    keep_freed_host_memory,
+)
 from octlm.errors import OctlmError, ResumeError
 from octlm.evaluate import EvalResult, ValidationSet, validate
 from octlm.hashing import weights_sha256
@@ -357,9 +362,9 @@ def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
         raise ResumeError(
             f"the checkpoint in {run.out} has another {kind} fingerprint{detail}", fix
         )
-    build = build_info(run.device)
-    if state["build"] != build:
-        diff = "; ".join(changed_keys(state["build"], build))
+    changes = build_changes(state["build"], build_info(run.device))
+    if changes:
+        diff = "; ".join(changes)
         notes.append(
             f"resuming on a different build ({diff}): bitwise equality with an uninterrupted run "
             "is no longer promised"

@@ -1,0 +1,66 @@
+"""The process's numeric environment: thread-library settings pinned before torch loads.
+
+MKL and OpenMP read these variables once, when the library starts (at `import torch`), so
+they are set by `octlm/__init__.py`, before anything of octlm imports torch: the `octlm`
+command, every worker a launcher starts (`-m octlm`), and the Python API's first use. A value
+the user set wins and is recorded as theirs; so is the case of torch imported before octlm
+(a notebook), where the pinning comes too late to matter.
+
+Why these (bench/thread_determinism.py, docs/exactness.md "Thread and BLAS settings"): MKL's
+dynamic adjustment is on by default (MKL_DYNAMIC=TRUE) and may run a call on fewer threads
+than asked when the machine is busy, which splits a reduction differently and changes the last
+bits from one fresh process to the next. Turning it off costs nothing measurable and changes
+no bit of a run on an idle machine, so run folders written before it resume exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+PINNED: dict[str, str] = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
+"""Set unless the user set them."""
+RECORDED = (*PINNED, "MKL_CBWR")
+"""Recorded in the build record: the pinned ones, and MKL's reproducibility mode (the user's
+choice; it changes the bits, and even AUTO,STRICT does not make 1 and 2 threads agree on the
+`small` preset: docs/exactness.md)."""
+
+MARK = "OCTLM_PINNED"
+"""The variables octlm set in this process, for the processes it starts."""
+
+_user_set: frozenset[str] = frozenset()
+_late = False
+
+
+def pin() -> None:
+    """Set the pinned variables the user left unset; remember which were the user's and
+    whether torch had started already (then the values in effect are torch's, not these)."""
+    global _user_set, _late
+    _late = "torch" in sys.modules
+    # A launcher's workers inherit what octlm pinned in the launcher: that is not the user's.
+    inherited = set(os.environ.get(MARK, "").split(","))
+    _user_set = frozenset(k for k in RECORDED if k in os.environ and k not in inherited)
+    ours = inherited | {k for k in PINNED if k not in os.environ}
+    for key, value in PINNED.items():
+        os.environ.setdefault(key, value)
+    os.environ[MARK] = ",".join(sorted(ours - {""}))
+
+
+def record() -> dict[str, Any]:
+    """The settings as a build record holds them: each variable's value (None: unset) and
+    who chose it."""
+    values: dict[str, Any] = {key: os.environ.get(key) for key in RECORDED}
+    values["set_by_user"] = sorted(_user_set)
+    values["torch_loaded_first"] = _late
+    return values
+
+
+def bits_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """What differs between two records in a way that can change a run's bits on an idle
+    machine: MKL's reproducibility mode. The dynamic switches only matter under load, where
+    they are the nondeterminism itself; a record from before this module (None) ran with
+    every variable unset."""
+    before = (old or {}).get("MKL_CBWR")
+    after = new.get("MKL_CBWR")
+    return [] if before == after else [f"MKL_CBWR: {before} -> {after}"]
