@@ -108,11 +108,7 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
         )
     workdir = Path(args.workdir) if args.workdir else None
     cfg, echo = _config_from_args(args), partial(print, file=sys.stderr)
-    given = {
-        "tensors_given": _given(args, "hash_tensors"),
-        "every_given": _given(args, "hash_every"),
-    }
-    cfg = with_digests(cfg, **given)
+    cfg = with_digests(cfg, _given(args, "hash_tensors"), _given(args, "hash_every"))
     summaries, kept = verify_resume(cfg, args.split, keep=args.keep, workdir=workdir, echo=echo)
     print("\n".join(format_result(summaries, kept)))
     return 0 if all(s.identical for s in summaries) else 1

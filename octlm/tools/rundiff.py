@@ -181,7 +181,7 @@ def tensor_verdict(parting: TensorParting) -> str:
     )
 
 
-def _names(names: list[str], most: int = 6) -> str:
+def _names(names: list[str], most: int = 4) -> str:
     more = f" (+{len(names) - most} more)" if len(names) > most else ""
     return ", ".join(names[:most]) + more if names else "none"
 

@@ -52,7 +52,7 @@ def _summarise(run: Path) -> tuple[str, str, list[dict[str, Any]]]:
     return ends[-1]["weights_sha256"], weights_sha256(ckpt.optimizer_tensors(tensors)), records
 
 
-def with_digests(cfg: TrainConfig, *, tensors_given: bool, every_given: bool) -> TrainConfig:
+def with_digests(cfg: TrainConfig, tensors_given: bool, every_given: bool) -> TrainConfig:
     """The config verify-resume runs: --hash-tensors at every step unless the user set
     hash_tensors (on or off), and an own --hash-every kept."""
     if tensors_given:
