@@ -12,12 +12,21 @@ import pytest
 import torch
 
 from octlm.cli import main
+from octlm.model import GPT, PRESETS
 from octlm.runlog import read_log
 from octlm.tools.rundiff import diff_folders
 from octlm.train import checkpoint as ckpt
 from octlm.train import loop
 from octlm.train import step as step_module
-from tests.e2e.helpers import end_hash, octlm, run_cfg, steps_of, train_args
+from tests.e2e.helpers import (
+    DIST_STEPS,
+    dist_args,
+    end_hash,
+    octlm,
+    run_cfg,
+    steps_of,
+    train_args,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +119,17 @@ def _nudge_gradient(monkeypatch, at_step: int, name: str) -> None:
         return loss
 
     monkeypatch.setattr(step_module, "_backward", nudged)
+
+
+def test_fsdp_gathers_each_gradient_and_changes_no_bit(tiny_dataset, tmp_path):
+    """Under FSDP every gradient is a shard: each is gathered whole (a collective on every rank)
+    and rank 0 logs its digest; the run ends on the bits of one without digests."""
+    fsdp = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
+    plain, digests = tmp_path / "plain", tmp_path / "digests"
+    octlm(*dist_args(tiny_dataset, plain, *fsdp))
+    octlm(*dist_args(tiny_dataset, digests, *fsdp, *DIGESTS))
+    assert end_hash(digests) == end_hash(plain) and steps_of(digests) == steps_of(plain)
+    records = [r for r in read_log(digests) if r["type"] == "tensors"]
+    assert [r["step"] for r in records] == list(range(1, DIST_STEPS + 1))
+    names = [n for n, _ in GPT(PRESETS["tiny"]).named_parameters()]
+    assert all(list(r["grads"]) == names == list(r["weights"]) for r in records)
