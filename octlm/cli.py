@@ -99,7 +99,7 @@ def _given(args: argparse.Namespace, key: str) -> bool:
 
 
 def _cmd_verify_resume(args: argparse.Namespace) -> int:
-    from octlm.tools.verify import format_result, verify_resume
+    from octlm.tools.verify import format_result, verify_resume, with_digests
 
     if args.resume or args.stop_at is not None:
         raise OctlmError(
@@ -108,6 +108,7 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
         )
     workdir = Path(args.workdir) if args.workdir else None
     cfg, echo = _config_from_args(args), partial(print, file=sys.stderr)
+    cfg = with_digests(cfg, _given(args, "hash_tensors"), _given(args, "hash_every"))
     summaries, kept = verify_resume(cfg, args.split, keep=args.keep, workdir=workdir, echo=echo)
     print("\n".join(format_result(summaries, kept)))
     return 0 if all(s.identical for s in summaries) else 1

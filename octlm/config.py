@@ -156,6 +156,10 @@ class TrainConfig:
     hash_every: int | None = _setting(None)
     """Write the model's weights_sha256 to the log every N steps; default: at every validation;
     0: only at the end."""
+    hash_tensors: bool = _setting(False)  # digests only read the tensors
+    """With each weights hash, also log a 16-hex digest of every weight and of every gradient
+    of the step just done (before clipping), so `octlm diff` names the first tensor that
+    differs."""
     ckpt_every: int = _setting(40)
     """Checkpoint every N steps and at the end; 0 = only at the end and on interruption."""
     keep_last: int = _setting(2)
@@ -201,6 +205,10 @@ class TrainConfig:
         )
         if self.hash_every is not None:
             _check(_is_int(self.hash_every) and self.hash_every >= 0, "hash_every must be >= 0")
+        _check(
+            isinstance(self.hash_tensors, bool),
+            f"hash_tensors={self.hash_tensors!r} must be true or false",
+        )
         _check(0 < self.lr < float("inf"), f"lr={self.lr} must be a positive finite number")
         if self.peak_tflops is not None:
             _check(self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be positive")

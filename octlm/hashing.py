@@ -1,6 +1,8 @@
 """Fingerprints: sha256 over canonical bytes, so equal content gives equal hex everywhere.
 
-Used for the tokenizer file, shards, the dataset manifest, configs and model weights. A
+Used for the tokenizer file, shards, the dataset manifest, configs and model weights. The
+per-tensor digests of `--hash-tensors` are xxh3-64 (`tensor_digests`): 16 hex characters a
+tensor, to tell which tensor two runs disagree on, not to prove a file intact. A
 checkpoint file's integrity checksum is xxh3-128 instead (`file_checksum`): it only has to
 catch damage, not tampering, and it runs at memory speed (27 GB/s here against sha256's 1.9),
 so checking a file on load or hashing it while it is written costs almost nothing.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,19 +71,37 @@ def checksum_matches(path: str | Path, checksum: str) -> bool:
     return file_checksum(path, algo) == f"{algo}:{want}"
 
 
+def _tensor_bytes(name: str, tensor: Any) -> tuple[bytes, bytes]:
+    """The header (name, dtype, shape) and raw bytes a tensor is hashed over, on any device."""
+    import torch  # local: hashing is also used by code that never touches torch
+
+    t = tensor.detach().to("cpu").contiguous()
+    head = f"{name}|{t.dtype}|{tuple(t.shape)}|".encode()
+    return head, t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def weights_sha256(state_dict: dict[str, Any]) -> str:
     """sha256 over every tensor in name order: name, dtype, shape, then the raw bytes.
 
     Two models hash equal exactly when every weight is bitwise equal, on any device.
     """
-    import torch  # local: hashing is also used by code that never touches torch
+    import torch  # local, as in _tensor_bytes
 
     digest = hashlib.sha256()
     for name in sorted(state_dict):
-        tensor = state_dict[name]
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        t = tensor.detach().to("cpu").contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        if isinstance(state_dict[name], torch.Tensor):
+            for part in _tensor_bytes(name, state_dict[name]):
+                digest.update(part)
     return digest.hexdigest()
+
+
+def tensor_digests(named: Iterable[tuple[str, Any]]) -> dict[str, str]:
+    """{name: xxh3-64 hex of name, dtype, shape and bytes} in the order given (16 characters
+    each): equal exactly when the tensors are bitwise equal, up to a 2**-64 chance."""
+    digests = {}
+    for name, tensor in named:
+        digest = xxhash.xxh3_64()
+        for part in _tensor_bytes(name, tensor):
+            digest.update(part)
+        digests[name] = digest.hexdigest()
+    return digests

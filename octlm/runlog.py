@@ -1,7 +1,9 @@
 """The run log: `OUT/log.jsonl`, one JSON object per line, flushed per line.
 
 Record types: `header` (settings, model, counts, build, git commit), `step`, `val`, `hash`,
-`event` (resume, stop, nonfinite) and `end` (final step and weights_sha256).
+`tensors` (--hash-tensors: beside each `hash`, `weights` and `grads`, {name: 16-hex digest};
+a resume adds one with the loaded `weights` only, `loaded: true`), `event` (resume, stop,
+nonfinite) and `end` (final step and weights_sha256).
 
 Step numbers (schema 2, `log_schema` in the header): one count everywhere, the optimizer steps
 done. The record of the first step says `step: 1`, a validation or hash after step N says N, as
@@ -31,7 +33,7 @@ from octlm.errors import OctlmError
 LOG_NAME = "log.jsonl"
 LOG_SCHEMA = 2
 _BLOCK = 1 << 16
-_NUMBERED = ("step", "val", "hash")
+_NUMBERED = ("step", "val", "hash", "tensors")
 """Record types whose `step` names an optimizer step (1-based in schema 2, 0-based in 1)."""
 
 
@@ -169,6 +171,14 @@ class RunLog:
     def weights_hash(self, step: int, digest: str) -> None:
         self.write("hash", step=step, weights_sha256=digest)
 
+    def tensor_digests(
+        self, step: int, weights: dict[str, str], grads: dict[str, str] | None
+    ) -> None:
+        """Per-tensor digests after step `step`: the weights, and the gradients of that step
+        before clipping; `grads` None: the weights a resume loaded (its checkpoint's step)."""
+        more = {"loaded": True} if grads is None else {"grads": grads}
+        self.write("tensors", step=step, weights=weights, **more)
+
     def event(self, event: str, step: int, **fields: Any) -> None:
         self.write("event", event=event, step=step, **fields)
 
@@ -246,7 +256,7 @@ def _kept(record: dict[str, Any], done: int, schema: int) -> bool:
 
 
 def _records_of_step(path: Path, step: int) -> list[dict[str, Any]]:
-    """The records of step number `step` (step, val, hash) at the end of a schema-2 log cut
+    """The records of step number `step` (step, val, hash, tensors) at the end of a schema-2 log cut
     back to it, in file order."""
     found = []
     with open(path, "rb") as f:

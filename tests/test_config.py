@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from octlm.cli import main
 from octlm.config import (
     NON_TRAJECTORY_KEYS,
     OMITTED_AT_DEFAULT,
@@ -33,6 +34,8 @@ NOT_TRAJECTORY = {
     "progress",
     "device",
     "peak_tflops",
+    "hash_every",
+    "hash_tensors",
 }
 TRAJECTORY = {
     "model",
@@ -102,6 +105,20 @@ def test_wrongly_typed_toml_value_is_a_config_error(tmp_path: Path) -> None:
         make_config(write(tmp_path, 'steps = "10"\n'))
     with pytest.raises(ConfigError, match="steps"):
         make_config(write(tmp_path, "steps = true\n"))
+
+
+def test_hash_tensors_is_logging_and_must_be_a_bool(tmp_path: Path, capsys) -> None:
+    on = TrainConfig(hash_tensors=True)
+    assert "hash_tensors" not in on.trajectory()
+    assert on.fingerprint_for(1) == TrainConfig().fingerprint_for(1)
+    with pytest.raises(ConfigError, match="hash_tensors='yes' must be true or false"):
+        make_config(write(tmp_path, 'hash_tensors = "yes"\n'))
+    assert main(["train", "--config", str(tmp_path / "run.toml"), "--print-config"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "octlm: error: hash_tensors='yes' must be true or false; change it on the command line "
+        "or in --config"
+    ]
 
 
 @pytest.mark.parametrize(

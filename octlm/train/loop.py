@@ -23,6 +23,7 @@ from octlm.config import TrainConfig
 from octlm.device import build_info, memory_mb
 from octlm.errors import OctlmError
 from octlm.evaluate import EvalResult
+from octlm.hashing import tensor_digests, weights_sha256
 from octlm.peak import peak_flops
 from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
@@ -124,6 +125,8 @@ def _start(run: Run, log: RunLog) -> None:
         say(f"octlm: note: {note}", file=sys.stderr)
     build = build_info(run.device)
     log.event("resume", run.state.step, checkpoint=str(path), build=build, notes=notes)
+    if run.cfg.hash_tensors:  # the weights as loaded: a resume that changed one bit shows here
+        _log_hashes(run, log, whole=False, tensors=True)
     say(f"resumed from {path} at step {run.state.step}", file=sys.stderr)
 
 
@@ -211,8 +214,11 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
             s = state.step
             last = s + 1 == cfg.steps
             validating = last or due(cfg.val_every, s + 1)
-            try:
-                result = advance(run, validating=validating)  # lr, micro-batches, update, counters
+            # The end record hashes the last step's weights; its digests need a `tensors` record.
+            hashing = due(cfg.hash_interval, s + 1) and not last
+            digesting = cfg.hash_tensors and (hashing or last)
+            try:  # lr, micro-batches, update, counters
+                result = advance(run, validating=validating, digesting=digesting)
             except NonFiniteError as exc:
                 raise _nonfinite(log, cfg, s + 1, exc) from None
             run.saver.check()  # a background checkpoint write that failed stops the run here
@@ -223,10 +229,9 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
                 ev = run.validate()
                 log.val(state.step, ev, result.noise_scale)
                 bar.val(state.step, ev)
-            if not last and due(cfg.hash_interval, state.step):
-                digest = run.weights_sha256()  # collective under FSDP
-                if digest is not None:
-                    log.weights_hash(state.step, digest)
+            if hashing or digesting:
+                grads = result.grad_digests or {}  # {}: a skipped non-finite step has none
+                _log_hashes(run, log, whole=hashing, tensors=digesting, grads=grads)
             # Every rank must stop at the same step: a signal on any one stops them all, and
             # all of them name the same signal (the largest number, if several came).
             signum = agree_max(stop.signum, run.dist, run.device)
@@ -236,6 +241,21 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
     run.saver.wait()  # the last checkpoint is on disk before the run says so
     last_loss = result.loss if result is not None else None
     return _finish(run, log, signal.Signals(signum).name if stopping else None, last_loss)
+
+
+def _log_hashes(
+    run: Run, log: RunLog, *, whole: bool, tensors: bool, grads: dict[str, str] | None = None
+) -> None:
+    """The weights hash after this step (`whole`; the last step's is the end record's) and,
+    with `tensors` (--hash-tensors), every weight's digest beside the gradients' `grads`
+    (None: the weights a resume loaded)."""
+    weights = run.full_model_state()  # collective under FSDP: every rank calls it
+    if not run.dist.is_main:
+        return
+    if whole:
+        log.weights_hash(run.state.step, weights_sha256(weights))
+    if tensors:
+        log.tensor_digests(run.state.step, tensor_digests(weights.items()), grads)
 
 
 def _finish(run: Run, log: RunLog, stop_signal: str | None, last_loss: float | None) -> TrainResult:

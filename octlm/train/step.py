@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from octlm.device import autocast
+from octlm.hashing import tensor_digests
 from octlm.model import IGNORE_INDEX
 from octlm.train.noise import MicroGradTracker, simple_noise_scale
 from octlm.train.optim import clip_grad_norm, set_lr
@@ -70,6 +71,8 @@ class StepResult:
     """Seconds from drawing the micro-batches to the end of the update (set by `advance`)."""
     epoch: int | None = None
     """With --order epoch, the epoch of the step's first sample (set by `advance`)."""
+    grad_digests: dict[str, str] | None = None
+    """With `digest_grads`: each parameter's gradient digest, before clipping (parameter order)."""
 
 
 class NonFiniteError(Exception):
@@ -87,6 +90,7 @@ def train_step(
     *,
     lr: float,
     measure_noise: bool = False,
+    digest_grads: bool = False,
 ) -> StepResult:
     """Run one step over `micro_batches` (CPU tensors, moved here) and return its numbers.
 
@@ -94,7 +98,8 @@ def train_step(
     `setup.skip_nonfinite`. `measure_noise` also estimates the gradient noise scale from the
     micro-batch gradients (one extra copy of the grads; the grads themselves are left as they
     are). With several ranks the target count is summed before any backward, so the gradient
-    is the mean over the global step's real targets.
+    is the mean over the global step's real targets. `digest_grads` (--hash-tensors) also
+    digests every gradient after unscaling and before clipping: only read, never changed.
     """
     device, scaler, reduce_sum = setup.device, setup.scaler, setup.reduce_sum
     clip_model = setup.clip_model or setup.forward
@@ -110,6 +115,7 @@ def train_step(
     noise = simple_noise_scale(*tracker.result()) if tracker is not None else None
     if scaler is not None:
         scaler.unscale_(optimizer)
+    digests = grad_digests(clip_model) if digest_grads else None  # zeroed after the update
     norm = clip_grad_norm(clip_model, setup.grad_clip)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
         norm = norm.full_tensor()
@@ -133,7 +139,18 @@ def train_step(
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_value, norm_value, n_targets, skipped, False, noise)
+    return StepResult(
+        loss_value, norm_value, n_targets, skipped, False, noise, grad_digests=digests
+    )
+
+
+def grad_digests(model: nn.Module) -> dict[str, str]:
+    """Every gradient's digest, in parameter order. Under FSDP each is gathered whole first: a
+    collective, so every rank calls this at the same steps (all of them digest, rank 0 logs)."""
+    grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    return tensor_digests(
+        (n, g.full_tensor() if hasattr(g, "full_tensor") else g) for n, g in grads
+    )
 
 
 def _backward(
@@ -164,10 +181,11 @@ def _backward(
     return loss_total
 
 
-def advance(run: Run, *, validating: bool) -> StepResult:
+def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResult:
     """One optimizer step of `run`: the schedule's lr, the step's micro-batches, `train_step`,
-    then the counters. The lr and the data are pure functions of the step, so a resumed run
-    draws exactly what the straight run drew. Raises NonFiniteError (counters unchanged)."""
+    then the counters (`digesting`: with the gradients' digests). The lr and the data are pure
+    functions of the step, so a resumed run draws exactly what the straight run drew. Raises
+    NonFiniteError (counters unchanged)."""
     cfg, state = run.cfg, run.state
     s = state.step
     lr = learning_rate(s, cfg)
@@ -176,7 +194,9 @@ def advance(run: Run, *, validating: bool) -> StepResult:
     # The noise scale needs per-micro-batch gradients, which are per-rank under DDP: it is
     # measured at validations, with accumulation, in one process only.
     measure = validating and cfg.accum > 1 and not run.dist.enabled
-    result = train_step(run.setup, run.optimizer, batches, lr=lr, measure_noise=measure)
+    result = train_step(
+        run.setup, run.optimizer, batches, lr=lr, measure_noise=measure, digest_grads=digesting
+    )
     dt = time.perf_counter() - t0
     state.advance(run.tokens_per_step, result.skipped)
     return replace(result, lr=lr, dt=dt, epoch=run.sampler.epoch(s))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from octlm.cli import main
-from octlm.runlog import read_log
+from octlm.runlog import RunLog, read_log
 from octlm.tools.rundiff import diff_folders, diff_runs, format_diff
 from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
 
@@ -88,3 +88,44 @@ def test_a_missing_log_is_one_error_line(tmp_path: Path, capsys) -> None:
     assert main(["diff", str(a), str(tmp_path / "nope")]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"octlm: error: no run log at {tmp_path / 'nope'}")
+
+
+def _digests(run: Path, grads: dict[int, dict[str, str]], weights: dict[int, dict[str, str]]):
+    """Append a `tensors` record for steps 1..6: every digest "0"s, but the ones given."""
+    log = RunLog(run)
+    log.open()
+    names = ["emb", "l0", "l1", "head"]  # the model's parameter order
+    for n in range(1, 7):
+        g = {name: grads.get(n, {}).get(name, "0" * 16) for name in names}
+        w = {name: weights.get(n, {}).get(name, "0" * 16) for name in names}
+        log.tensor_digests(n, w, g)
+    log.close()
+
+
+def test_the_first_tensor_is_the_first_differing_gradient_in_backward_order(tmp_path) -> None:
+    a, b = write_log(tmp_path / "a"), write_log(tmp_path / "b", losses={4: 9.0})
+    _digests(a, {}, {})
+    _digests(b, {3: {"l0": "1" * 16, "l1": "1" * 16}}, {3: {"l0": "2" * 16, "emb": "2" * 16}})
+    lines, same = diff_folders(a, b)
+    assert not same and lines[0] == "the runs part at step 3:"
+    assert lines[1] == "  tensors        2 gradient(s), 2 weight(s)"
+    assert lines[3:6] == [
+        "step 3: l1's gradient differs first; the loss matched",  # l1 is computed before l0
+        "  gradients that differ (backward order): l1, l0",
+        "  weights that differ: emb, l0",
+    ]
+
+
+def test_with_every_gradient_equal_the_first_differing_weight_is_named(tmp_path) -> None:
+    a, b = write_log(tmp_path / "a"), write_log(tmp_path / "b", losses={2: 9.0})
+    _digests(a, {}, {})
+    _digests(b, {}, {2: {"head": "2" * 16, "l1": "2" * 16}})
+    lines, _ = diff_folders(a, b)
+    want = "step 2: l1's weights differ first (every gradient matched); the loss differed too"
+    assert want in lines and "  gradients that differ (backward order): none" in lines
+
+
+def test_without_digests_a_parting_hints_at_hash_tensors(tmp_path) -> None:
+    a, b = write_log(tmp_path / "a"), write_log(tmp_path / "b", losses={4: 9.0})
+    lines, _ = diff_folders(a, b)
+    assert lines[-1] == "  hint: run both with --hash-tensors --hash-every 1 to name the tensor"

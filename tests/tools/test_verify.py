@@ -12,9 +12,9 @@ import pytest
 from octlm.cli import main
 from octlm.config import TrainConfig
 from octlm.errors import OctlmError
-from octlm.runlog import RunLog
+from octlm.runlog import RunLog, read_log
 from octlm.tools import subrun
-from octlm.tools.verify import format_result, verify_resume
+from octlm.tools.verify import format_result, verify_resume, with_digests
 from octlm.train.checkpoint import read_latest
 from tests.tools.helpers import (
     CUT_LINE,
@@ -144,3 +144,36 @@ def test_the_cli_refuses_resume_and_stop_at_in_one_line(capsys) -> None:
         "octlm: error: verify-resume chooses its own stops and resumes; "
         "drop --resume and --stop-at; use --split K\n"
     )
+
+
+def test_a_split_that_parts_names_the_step_and_tensor(cfg, tmp_path, monkeypatch) -> None:
+    """With per-tensor digests (on by default), the verdict names the first differing gradient
+    and says whether the loss matched, as `octlm diff` does."""
+    fake = fake_trainer()
+
+    def train(config: Path, out: Path, *flags: str, env=None) -> str | None:
+        done = read_latest(out)[-1]["step"] if "--resume" in flags else 0
+        fake(config, out, *flags, env=env)
+        log = RunLog(out)
+        log.open()
+        steps = [r["step"] for r in read_log(out) if r["type"] == "step" and r["step"] > done]
+        for n in steps:
+            grads = {"w1": "1" * 16, "w2": "2" * 16}
+            if "--resume" in flags and n == 5:
+                grads["w1"] = "f" * 16  # the resumed runs' step 5 computed another gradient
+            log.tensor_digests(n, {"w1": "3" * 16, "w2": "4" * 16}, grads)
+        log.close()
+        return None
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.setattr(subrun, "train", train)
+    run_cfg = with_digests(cfg, tensors_given=False, every_given=False)
+    assert (run_cfg.hash_tensors, run_cfg.hash_every) == (True, 1)
+    summaries, _ = verify_resume(run_cfg, [2, 4], workdir=workdir, echo=lambda _: None)
+    want = "differs: step 5: w1's gradient differs first; the loss matched"
+    assert [s.verdict for s in summaries[1:]] == [want, want]
+    # Set by the user (on or off, and an own interval): left as given.
+    off = cfg.replace(hash_every=3)
+    assert with_digests(off, tensors_given=True, every_given=True) == off
+    assert with_digests(off, tensors_given=False, every_given=True).hash_every == 3
