@@ -31,12 +31,13 @@ MARK = "OCTLM_PINNED"
 
 _user_set: frozenset[str] = frozenset()
 _late = False
+_values: dict[str, str | None] = {}
 
 
 def pin() -> None:
     """Set the pinned variables the user left unset; remember which were the user's and
     whether torch had started already (then the values in effect are torch's, not these)."""
-    global _user_set, _late
+    global _user_set, _late, _values
     _late = "torch" in sys.modules
     # A launcher's workers inherit what octlm pinned in the launcher: that is not the user's.
     inherited = set(os.environ.get(MARK, "").split(","))
@@ -45,12 +46,13 @@ def pin() -> None:
     for key, value in PINNED.items():
         os.environ.setdefault(key, value)
     os.environ[MARK] = ",".join(sorted(ours - {""}))
+    _values = {key: os.environ.get(key) for key in RECORDED}  # what the libraries will read
 
 
 def record() -> dict[str, Any]:
-    """The settings as a build record holds them: each variable's value (None: unset) and
-    who chose it."""
-    values: dict[str, Any] = {key: os.environ.get(key) for key in RECORDED}
+    """The settings as a build record holds them: each variable's value when octlm was first
+    imported (None: unset; a later change reaches no library) and who chose it."""
+    values: dict[str, Any] = dict(_values)
     values["set_by_user"] = sorted(_user_set)
     values["torch_loaded_first"] = _late
     return values
