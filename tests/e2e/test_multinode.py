@@ -266,8 +266,10 @@ def test_a_stopped_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
             err += line
             if line.startswith("octlm: error:"):
                 # Wake it, as whoever stopped it would: the agent, stopping the group after
-                # the failure, otherwise waits 30 s for it to end before it kills it.
-                os.kill(stopped, signal.SIGCONT)
+                # the failure, otherwise waits 30 s for it to end before it kills it (it may
+                # have killed it already: then there is nothing to wake).
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(stopped, signal.SIGCONT)
         code = proc.wait(timeout=120)
     finally:
         with contextlib.suppress(ProcessLookupError):  # the agent may have killed it
