@@ -22,6 +22,7 @@ from octlm.load import load_model
 from octlm.runlog import read_log
 from octlm.tools.analyze import underflow_for_run, underflow_report
 from tests.e2e.helpers import end_hash, octlm, steps_of
+from tests.shared import shared
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +51,10 @@ def folder_digest(out: Path) -> str:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("epoch") / "straight"
-    octlm(*args(out))
-    return out
+    def build(root: Path) -> None:
+        octlm(*args(root / "straight"))
+
+    return shared(tmp_path_factory, "epoch-straight", build) / "straight"
 
 
 def test_the_straight_run_logs_its_epochs_and_straddles_one(straight) -> None:

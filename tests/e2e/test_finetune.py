@@ -23,6 +23,7 @@ from octlm.load import load_model
 from octlm.runlog import read_log
 from octlm.tokenizer import Tokenizer
 from tests.e2e.helpers import end_hash, octlm, steps_of
+from tests.shared import shared
 
 pytestmark = pytest.mark.slow
 
@@ -51,20 +52,20 @@ def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("finetune")
-    pairs = dialogue_pairs(1200)
-    masked = write_jsonl(root / "pairs.jsonl", pairs)
-    # The control: the same text with the prompt moved into the completion (so into the loss).
-    unmasked = write_jsonl(
-        root / "unmasked.jsonl",
-        [{"prompt": "", "completion": p["prompt"] + p["completion"]} for p in pairs],
-    )
-    out = {}
-    for name, src in (("masked", masked), ("unmasked", unmasked)):
-        out[name] = root / name
-        octlm("prepare", str(src), "--format", "prompt-completion", "--tokenizer",
-              str(TOKENIZER), "--context", str(CONTEXT), "--out", str(out[name]))  # fmt: skip
-    return out
+    def build(root: Path) -> None:
+        pairs = dialogue_pairs(1200)
+        masked = write_jsonl(root / "pairs.jsonl", pairs)
+        # The control: the same text with the prompt moved into the completion (so the loss).
+        unmasked = write_jsonl(
+            root / "unmasked.jsonl",
+            [{"prompt": "", "completion": p["prompt"] + p["completion"]} for p in pairs],
+        )
+        for name, src in (("masked", masked), ("unmasked", unmasked)):
+            octlm("prepare", str(src), "--format", "prompt-completion", "--tokenizer",
+                  str(TOKENIZER), "--context", str(CONTEXT), "--out", str(root / name))  # fmt: skip
+
+    root = shared(tmp_path_factory, "finetune-data", build)
+    return {name: root / name for name in ("masked", "unmasked")}
 
 
 def args(
@@ -85,12 +86,14 @@ SETTINGS = {"accum1": {"accum": 1}, "accum4-epoch": {"accum": 4, "order": "epoch
 
 @pytest.fixture(scope="module")
 def straight(data, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("straight")
-    runs = {}
-    for name, kw in {**SETTINGS, "accum2": {"accum": 2}}.items():
-        runs[name] = root / name
-        octlm(*args(data["masked"], runs[name], **kw))
-    return runs
+    settings = {**SETTINGS, "accum2": {"accum": 2}}
+
+    def build(root: Path) -> None:
+        for name, kw in settings.items():
+            octlm(*args(data["masked"], root / name, **kw))
+
+    root = shared(tmp_path_factory, "finetune-straight", build)
+    return {name: root / name for name in settings}
 
 
 @pytest.mark.parametrize(("name", "k"), [("accum1", 3), ("accum4-epoch", 5)])

@@ -18,6 +18,7 @@ from octlm.cli import main
 from octlm.config_files import make_config
 from octlm.runlog import read_log
 from tests.e2e.helpers import assert_same_run, end_hash, octlm, steps_of
+from tests.shared import shared
 
 pytestmark = pytest.mark.slow
 
@@ -37,14 +38,15 @@ def args(out: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("shape")
-    out = {name: root / name for name in ("straight", "split", "control")}
-    octlm(*args(out["straight"], *SHAPE))
-    stop = octlm(*args(out["split"], *SHAPE, "--stop-at", "4"))
-    assert "stopped at step 4" in stop.stderr
-    octlm(*args(out["split"], *SHAPE, "--resume"))
-    octlm(*args(out["control"], *SHAPE[:-2], "--n-layers", "2"))  # another shape
-    return out
+    def build(root: Path) -> None:
+        octlm(*args(root / "straight", *SHAPE))
+        stop = octlm(*args(root / "split", *SHAPE, "--stop-at", "4"))
+        assert "stopped at step 4" in stop.stderr
+        octlm(*args(root / "split", *SHAPE, "--resume"))
+        octlm(*args(root / "control", *SHAPE[:-2], "--n-layers", "2"))  # another shape
+
+    root = shared(tmp_path_factory, "shape-runs", build)
+    return {name: root / name for name in ("straight", "split", "control")}
 
 
 def test_custom_shape_resumes_bit_exact_and_another_shape_differs(runs) -> None:
