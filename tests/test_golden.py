@@ -28,6 +28,7 @@ from octlm.hashing import file_checksum
 from octlm.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from octlm.train.stwriter import write_safetensors
 from tests.old_code import extract, run_old
+from tests.shared import shared
 
 GOLDEN = Path(__file__).parent / "golden" / "v1-micro"
 V1 = "3f9a314a0ab118935827bc88913a6433ee271a0e"
@@ -39,10 +40,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def v1_here(tmp_path_factory) -> Path:
     """A v1 golden folder written on this machine by V1's code (read-only: copy it)."""
-    root = tmp_path_factory.mktemp("v1")
-    tree = extract(V1, root / "code")
-    run_old(tree, "tests/golden/make_golden.py", str(root / "golden"))
-    return root / "golden"
+
+    def build(root: Path) -> None:
+        tree = extract(V1, root / "code")
+        run_old(tree, "tests/golden/make_golden.py", str(root / "golden"))
+
+    return shared(tmp_path_factory, "v1-golden", build) / "golden"
 
 
 def _train(folder: Path, *extra: str) -> subprocess.CompletedProcess:

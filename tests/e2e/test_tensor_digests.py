@@ -19,6 +19,7 @@ from octlm.train import checkpoint as ckpt
 from octlm.train import loop
 from octlm.train import step as step_module
 from tests.e2e.helpers import (
+    DIST_FLAGS,
     DIST_STEPS,
     dist_args,
     end_hash,
@@ -121,12 +122,11 @@ def _nudge_gradient(monkeypatch, at_step: int, name: str) -> None:
     monkeypatch.setattr(step_module, "_backward", nudged)
 
 
-def test_fsdp_gathers_each_gradient_and_changes_no_bit(tiny_dataset, tmp_path):
+def test_fsdp_gathers_each_gradient_and_changes_no_bit(tiny_dataset, straight_run, tmp_path):
     """Under FSDP every gradient is a shard: each is gathered whole (a collective on every rank)
     and rank 0 logs its digest; the run ends on the bits of one without digests."""
     fsdp = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
-    plain, digests = tmp_path / "plain", tmp_path / "digests"
-    octlm(*dist_args(tiny_dataset, plain, *fsdp))
+    plain, digests = straight_run(*DIST_FLAGS, *fsdp), tmp_path / "digests"
     octlm(*dist_args(tiny_dataset, digests, *fsdp, *DIGESTS))
     assert end_hash(digests) == end_hash(plain) and steps_of(digests) == steps_of(plain)
     records = [r for r in read_log(digests) if r["type"] == "tensors"]
