@@ -100,6 +100,16 @@ def kill_twice(proc: subprocess.Popen, out: Path, rng: random.Random) -> None:
         os.kill(rng.choice(workers), signal.SIGKILL)
 
 
+def survives_two_kills(proc: subprocess.Popen, out: Path, rng: random.Random, ref: Path) -> None:
+    """`kill_twice`, then the run must finish, having resumed, on `ref`'s bits, every step once."""
+    kill_twice(proc, out, rng)
+    code, err = finish(proc)
+    assert code == 0, err
+    assert err.count("resumed from") >= 1
+    assert end_hash(out) == end_hash(ref)
+    assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
+
+
 def _stepped_since_resume(out: Path, step: int, resumes: int) -> bool:
     log = out / "log.jsonl"
     lines = log.read_text().splitlines() if log.is_file() else []
@@ -158,12 +168,7 @@ def test_elastic_restarts_after_killed_workers_end_identical(
         reference = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", "--parallel", "fsdp")
     out = tmp_path / "elastic"
     proc = start(*args(tiny_dataset, out, *mode, "--max-restarts", "3"))
-    kill_twice(proc, out, random.Random(18))
-    code, err = finish(proc)
-    assert code == 0, err
-    assert err.count("resumed from") >= 1
-    assert end_hash(out) == end_hash(reference)
-    assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
+    survives_two_kills(proc, out, random.Random(18), reference)
 
 
 def torchrun(*argv: str, share_store: bool) -> subprocess.Popen:
@@ -201,12 +206,7 @@ def test_plain_torchrun_restarts_after_killed_workers_end_identical(
     out = tmp_path / "plain"
     argv = args(tiny_dataset, out, "--ckpt-every", "1")
     proc = torchrun("--max-restarts", "3", "-m", "octlm", *argv, share_store=False)
-    kill_twice(proc, out, random.Random(26))
-    code, err = finish(proc)
-    assert code == 0, err
-    assert err.count("resumed from") >= 1
-    assert end_hash(out) == end_hash(one_node)
-    assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
+    survives_two_kills(proc, out, random.Random(26), one_node)
 
 
 def test_a_group_that_never_forms_ends_in_one_line_within_the_dist_timeout(tiny_dataset, tmp_path):
