@@ -22,10 +22,12 @@ the same command again as N worker processes per node under torch's elastic agen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,8 @@ from octlm.errors import OctlmError
 
 LAUNCHED_ENV = "OCTLM_LAUNCHER"
 """Set for workers started here: a signal stop exits 0 and this launcher picks the code."""
+NOTES_ENV = "OCTLM_LAUNCH_NOTES"
+"""A folder of this launcher's where a worker leaves a note before it prints its error line."""
 REQUEUE_SIGNALS = ("SIGTERM", "SIGUSR1")
 """Stops a scheduler sends before it takes the nodes away; SIGINT is a person's, not requeued."""
 # The agent stops its workers on these and passes the signal on; torch's default list lacks
@@ -117,6 +121,16 @@ def worker_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def note_worker_error() -> None:
+    """Tell this worker's launcher, if any, that it printed its own error line (so that the
+    launcher adds none). Written before the line is printed: the agent may stop the worker the
+    moment another node's launcher ends."""
+    notes = os.environ.get(NOTES_ENV)
+    if notes and os.path.isdir(notes):
+        with contextlib.suppress(OSError):  # a note is a courtesy: the line is what matters
+            Path(notes, f"error-{os.environ.get('RANK', '0')}").touch()
+
+
 def restart_resumes() -> bool:
     """Whether this worker is a restart by the elastic agent: it must resume, whatever the
     first attempt's flags said (the killed attempt may have written checkpoints)."""
@@ -125,16 +139,24 @@ def restart_resumes() -> bool:
 
 def launch(spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | None) -> int:
     """Run `octlm ARGV` as the workers of `spec` and wait; the exit code for the command."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does, without its banner
     # The agent's shared TCPStore keeps a failed group's keys: a restarted worker can read its
     # dead peer's address and hang or fail connecting (pytorch/pytorch#135712, measured here
     # by bench/elastic_chaos.py). A fresh store per group, on rank 0, avoids it.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[LAUNCHED_ENV] = "1"
+    with tempfile.TemporaryDirectory(prefix="octlm-launch-") as notes:
+        os.environ[NOTES_ENV] = notes
+        return _run_agent(spec, argv, out, requeue_exit_code, Path(notes))
+
+
+def _run_agent(
+    spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | None, notes: Path
+) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
     # The agent's per-failure log lines and "closing signal" notes repeat what the workers or
     # this launcher say in one line; its restart notices (another logger) stay.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
@@ -147,6 +169,10 @@ def launch(spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | No
         code = _stopped_code(out, requeue_exit_code)
         return code if code is not None else 128 + int(exc.sigval)
     except Exception as exc:  # the rendezvous: a wrong endpoint, a peer that never came
+        if any(notes.iterdir()):
+            # A worker here already said why in its line; the agent then lost the meeting
+            # point because another node's launcher ended on the same error (it hosts it).
+            return 1
         raise OctlmError(
             f"the launch of {spec.nnodes} node(s) failed ({type(exc).__name__}: {exc})",
             "check --rdzv-endpoint (reachable from every node, the port free) and that every "

@@ -11,8 +11,10 @@ import time
 
 import pytest
 
+from octlm.cli import main
 from octlm.errors import OctlmError
-from octlm.launch import AGENT_SIGNALS, Launch, stopped_by_scheduler, worker_argv
+from octlm.launch import AGENT_SIGNALS, NOTES_ENV, Launch, stopped_by_scheduler, worker_argv
+from octlm.train.distributed import DistInfo, peer_failure
 from octlm.train.guards import REPEAT_WINDOW, StopFlag
 
 
@@ -88,3 +90,39 @@ def test_a_signal_delivered_twice_at_once_is_one_request() -> None:
         with pytest.raises(KeyboardInterrupt):  # a later one means: stop now
             os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_a_worker_leaves_a_note_before_its_error_line(tmp_path, monkeypatch, capsys) -> None:
+    """The launcher adds no line of its own once a worker has said why (its agent may then lose
+    the meeting point, when another node's launcher ends on the same error)."""
+    monkeypatch.setenv(NOTES_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    (tmp_path / "run").mkdir()
+    assert main(["hash", str(tmp_path / "run")]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("octlm: error: ")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("error-")] == ["error-1"]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (
+            "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 4000ms",
+            "no answer from another process in 4 s",
+        ),
+        (
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Application timeout caused pair "
+            "closure)",
+            "no answer from another process in 4 s",
+        ),  # a rank woken after its deadline
+        (
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer",
+            "another process is gone",
+        ),
+    ],
+)
+def test_gloo_failures_caused_by_a_peer_are_one_line(text, words) -> None:
+    lost = peer_failure(RuntimeError(text), DistInfo(rank=1, world=2), 3, 4.0)
+    assert lost is not None and lost.message.startswith("rank 1, after step 3: " + words)
+    assert peer_failure(RuntimeError("shape mismatch"), DistInfo(rank=1, world=2), 3, 4.0) is None

@@ -171,14 +171,16 @@ def gather_objects(obj: object, info: DistInfo) -> list[object]:
 
 # What gloo's errors say when a peer is gone (it died: its sockets closed) or silent (stopped,
 # hung, or too slow for the timeout). NCCL's watchdog aborts the process on a timeout instead.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-_PEER_SILENT = ("Timed out waiting", "timed out", "Timeout")
+# Matched lower-cased: gloo says "Timed out waiting", "Application timeout caused pair closure"
+# (a process woken after its deadline passed), ...
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe")
+_PEER_SILENT = ("timed out", "timeout")
 
 
 def peer_failure(exc: BaseException, info: DistInfo, steps_done: int, timeout_s: float):
     """The one-line error for a collective that failed because of another process, or None
     when `exc` is not that. A `RankError`: each rank that hits it says so with its own rank."""
-    text = str(exc)
+    text = str(exc).lower()
     if not info.enabled or not isinstance(exc, RuntimeError):
         return None
     if any(s in text for s in _PEER_SILENT):
