@@ -1,8 +1,5 @@
-"""The `octlm` command: argparse subcommands, each a thin call into the library.
-
-`main()` is the only place that catches `OctlmError`: it prints one line, `octlm: error: ...`,
-and exits 1, so bad input never shows a traceback.
-"""
+"""The `octlm` command: argparse subcommands, each a thin call into the library. `main()` is the
+only place that catches `OctlmError`: it prints one line, `octlm: error: ...`, and exits 1."""
 
 from __future__ import annotations
 
@@ -24,14 +21,7 @@ from octlm.config_files import load_toml, make_config, to_toml
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError, RankError
 from octlm.hashing import weights_sha256
-from octlm.launch import (
-    LAUNCHED_ENV,
-    REQUEUE_SIGNALS,
-    Launch,
-    launch,
-    note_worker_error,
-    restart_resumes,
-)
+from octlm.launch import LAUNCHED_ENV, REQUEUE_SIGNALS, Launch, launch, leave_note, restart_resumes
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import build_playground, build_report, write_page
@@ -389,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # the agent to stop this worker once rank 0 has exited. Only a rank that is still
             # here after the grace (rank 0 did not fail) prints its own line.
             time.sleep(SHARED_ERROR_GRACE_S)
-        note_worker_error()
+        leave_note()
         print(f"octlm: error: {exc.message}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours

@@ -121,7 +121,7 @@ def worker_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def note_worker_error() -> None:
+def leave_note() -> None:
     """Tell this worker's launcher, if any, that it printed its own error line (so that the
     launcher adds none). Written before the line is printed: the agent may stop the worker the
     moment another node's launcher ends."""
