@@ -3,7 +3,7 @@
 Save: every rank gathering the whole model and both AdamW moments (how octlm did it before)
 against rank 0 alone keeping them, on the host (`octlm.train.distributed.full_model_state` /
 `full_optim_state` now). Load: every rank reading the whole file (before) against rank 0 reading
-it and scattering each tensor's shards (`octlm.train.shared_load.load_agreed` now).
+it and scattering each tensor's shards (`octlm.train.resume.find_agreed` now).
 
     python -m bench.fsdp_memory [--model small] [--nproc 2]
 
@@ -39,7 +39,7 @@ from octlm.model import GPT, preset
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import DistInfo, full_model_state, full_optim_state, load_full_state
 from octlm.train.optim import param_names
-from octlm.train.shared_load import load_agreed, load_newest_valid
+from octlm.train.resume import find_agreed, load_newest_valid
 
 def status(field):
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -77,8 +77,8 @@ if phase == "load":  # a fresh process, so no memory freed by the gather is reus
     if variant == "every-rank":  # the old way: every rank reads and checks the whole file
         found = load_newest_valid(run_dir)
     else:
-        found = load_agreed(run_dir, info, torch.device("cpu"), fsdp=True)
-    loaded = ckpt.unpack(found.meta, found.tensors)
+        found = find_agreed(run_dir, info, torch.device("cpu"), fsdp=True)
+    loaded = ckpt.unpack(found.info.meta, found.tensors)
     names = param_names(model)
     load_full_state(model, opt, loaded["model"], loaded["optimizer"], info, "fsdp", names)
     result.update(load_peak_mb=status("VmHWM") - base, read_mb=read_mb() - read0,

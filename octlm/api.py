@@ -74,8 +74,8 @@ def train(config: TrainConfig | str | Path, **overrides: Any) -> RunResult:
 def load(run: str | Path, device: str = "cpu", data: str | Path | None = None) -> LoadedRun:
     """A run folder, checkpoint or snapshot: its model (eval mode, on `device`), the tokenizer
     of the dataset it trained on (or of `data`, checked against the run), and its metadata."""
-    model, meta = load_model(run, device=device)
-    return LoadedRun(model, run_tokenizer(meta, data), meta)
+    model, info = load_model(run, device=device)
+    return LoadedRun(model, run_tokenizer(info, data), {**info.meta, "path": str(info.path)})
 
 
 def generate(

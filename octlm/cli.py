@@ -146,12 +146,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from octlm.evaluate import evaluate_split
     from octlm.load import load_model, run_dataset
 
-    model, meta = load_model(args.run, device=args.device)
-    dataset = run_dataset(meta, args.data)
+    model, info = load_model(args.run, device=args.device)
+    dataset = run_dataset(info, args.data)
     token_bytes = dataset_tokenizer(dataset).token_bytes_table
     sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
     r = evaluate_split(model, dataset, token_bytes, split=args.split, **sizes)
-    where = f"{meta['path']}  step {meta['train_state']['step']}  {args.split}"
+    where = f"{info.path}  step {info.step}  {args.split}"
     print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
     return 0
 
@@ -162,8 +162,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
     check_sampling(args.max_new_tokens, args.temperature, args.top_k)  # before loading
-    model, meta = load_model(args.run, device=args.device)
-    tokenizer, n = run_tokenizer(meta, args.data), args.max_new_tokens
+    model, info = load_model(args.run, device=args.device)
+    tokenizer, n = run_tokenizer(info, args.data), args.max_new_tokens
     print(generate_text(model, tokenizer, args.prompt, max_new_tokens=n, **sampling))
     return 0
 
@@ -171,8 +171,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_hash(args: argparse.Namespace) -> int:
     from octlm.load import load_model
 
-    model, meta = load_model(args.run, device=args.device)
-    print(f"{weights_sha256(model.state_dict())}  {meta['path']}")
+    model, info = load_model(args.run, device=args.device)
+    print(f"{weights_sha256(model.state_dict())}  {info.path}")
     return 0
 
 

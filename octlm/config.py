@@ -25,7 +25,7 @@ FUSED_DEFAULT = True
 
 
 def fused_or_default(fused: bool | None) -> bool:
-    """`fused` as a run that has not looked at a run folder uses it (resume_plan settles it)."""
+    """`fused` as a run that has not looked at a run folder uses it (train/resume.py settles it)."""
     return FUSED_DEFAULT if fused is None else fused
 
 

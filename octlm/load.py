@@ -8,7 +8,6 @@ snapshot, and finds its tokenizer and dataset through the fingerprints the check
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -22,47 +21,45 @@ from octlm.tokenizer import Tokenizer
 from octlm.train import checkpoint as ckpt
 
 
-def load_weights(run_or_ckpt: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(metadata, model weights under octlm's names) of a run, checkpoint or snapshot file.
-
-    The metadata gains "path": the file the weights came from."""
+def load_weights(run_or_ckpt: str | Path) -> tuple[ckpt.CheckpointInfo, dict[str, torch.Tensor]]:
+    """(what the file says, model weights under octlm's names) of a run, checkpoint or
+    snapshot file."""
     path, checksum = ckpt.find_checkpoint(run_or_ckpt)
-    meta, tensors = ckpt.load_checkpoint(path, checksum)
-    if "model_config" not in meta:
+    info, tensors = ckpt.load_checkpoint(path, checksum)
+    if info.model_config is None:
         raise ckpt.CheckpointError(f"{path} holds no model config", "name an octlm checkpoint")
-    meta["path"] = str(path)
-    return meta, ckpt.model_weights(tensors)
+    return info, ckpt.model_weights(tensors)
 
 
-def load_model(run_or_ckpt: str | Path, device: str = "cpu") -> tuple[GPT, dict[str, Any]]:
+def load_model(run_or_ckpt: str | Path, device: str = "cpu") -> tuple[GPT, ckpt.CheckpointInfo]:
     """The model of a run folder, a checkpoint or a snapshot file, in eval mode on `device`."""
-    meta, weights = load_weights(run_or_ckpt)
-    model = GPT(ModelConfig.from_dict(meta["model_config"]))
+    info, weights = load_weights(run_or_ckpt)
+    model = GPT(ModelConfig.from_dict(info.model_config))  # type: ignore[arg-type]
     model.load_state_dict(weights)
     model.to(resolve_device(device)).eval()
-    return model, meta
+    return model, info
 
 
-def run_dataset(meta: dict[str, Any], data: str | Path | None = None) -> ShardDataset:
+def run_dataset(info: ckpt.CheckpointInfo, data: str | Path | None = None) -> ShardDataset:
     """The dataset a checkpoint trained on (or `data`), checked against its tokenizer."""
-    folder = Path(data or meta.get("data_dir") or "")
-    expected = (meta.get("fingerprints") or {}).get("tokenizer")
+    folder = Path(data or info.data_dir or "")
+    expected = info.fingerprints.get("tokenizer")
     return ShardDataset.open(folder, tokenizer_fingerprint=expected)
 
 
-def run_tokenizer(meta: dict[str, Any], data: str | Path | None = None) -> Tokenizer:
+def run_tokenizer(info: ckpt.CheckpointInfo, data: str | Path | None = None) -> Tokenizer:
     """The tokenizer of the dataset a checkpoint trained on (or of `data`)."""
-    return dataset_tokenizer(run_dataset(meta, data))
+    return dataset_tokenizer(run_dataset(info, data))
 
 
-def tokenizer_file(meta: dict[str, Any], tokenizer: str | Path | None = None) -> Path:
+def tokenizer_file(info: ckpt.CheckpointInfo, tokenizer: str | Path | None = None) -> Path:
     """The run's tokenizer.json (or `tokenizer`), checked against the checkpoint's fingerprint."""
-    expected = (meta.get("fingerprints") or {}).get("tokenizer")
+    expected = info.fingerprints.get("tokenizer")
     if expected is None:
         raise ckpt.CheckpointError(
-            f"{meta['path']} records no tokenizer fingerprint", "name an octlm checkpoint"
+            f"{info.path} records no tokenizer fingerprint", "name an octlm checkpoint"
         )
-    path = Path(tokenizer) if tokenizer else Path(meta.get("data_dir", "")) / TOKENIZER_NAME
+    path = Path(tokenizer) if tokenizer else Path(info.data_dir or "") / TOKENIZER_NAME
     if not path.is_file():
         raise OctlmError(
             f"the run's tokenizer {path} is missing",

@@ -308,7 +308,7 @@ OLD_FINGERPRINTS = {
 
 def test_new_keys_leave_the_fingerprints_of_older_runs_as_they_were() -> None:
     # Those runs had fused = false (the default then); a resume settles an unset `fused` to
-    # the checkpoint's value (resume_plan.settled_defaults) before the fingerprint is taken.
+    # the checkpoint's value (resume.settled_defaults) before the fingerprint is taken.
     old = {"fused": False}
     assert TrainConfig(model="tiny", context=64, **old).fingerprint_for(1) == OLD_FINGERPRINTS[1]
     assert TrainConfig(**old).fingerprint_for(2) == OLD_FINGERPRINTS[2]

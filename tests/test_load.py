@@ -21,6 +21,7 @@ from octlm.load import load_model, load_weights, run_dataset, run_tokenizer, tok
 from octlm.model import GPT, preset
 from octlm.train.checkpoint import (
     CheckpointError,
+    CheckpointInfo,
     save_checkpoint,
     save_snapshot,
     snapshot_header,
@@ -73,7 +74,7 @@ def test_the_loaded_model_gives_the_trained_logits(trained, kind: str) -> None:
         assert torch.equal(loaded(x), model(x))
     assert not loaded.training and next(loaded.parameters()).device.type == "cpu"
     expected = sources(run)["checkpoint"] if kind == "folder" else source
-    assert meta["path"] == str(expected) and meta["train_state"]["step"] == STEP
+    assert meta.path == expected and meta.step == STEP
 
 
 def test_weights_come_back_under_the_model_names_only(trained) -> None:
@@ -88,7 +89,7 @@ def test_tokenizer_and_dataset_are_found_through_the_data_folder(trained, tiny_d
     dataset = run_dataset(meta)
     assert dataset.root == tiny_dataset
     tokenizer = run_tokenizer(meta)
-    assert tokenizer.fingerprint == meta["fingerprints"]["tokenizer"]
+    assert tokenizer.fingerprint == meta.fingerprints["tokenizer"]
     assert tokenizer_file(meta) == tiny_dataset / "tokenizer.json"
     assert run_dataset(meta, data=tiny_dataset).root == tiny_dataset  # --data names it too
 
@@ -104,8 +105,9 @@ def test_a_wrong_or_missing_tokenizer_is_one_line(trained, tiny_dataset, tmp_pat
     with pytest.raises(OctlmError, match="is missing"):
         tokenizer_file(meta, tmp_path / "nope.json")
     with pytest.raises(CheckpointError, match="records no tokenizer fingerprint"):
-        tokenizer_file({**meta, "fingerprints": {}})
-    other_run = {**meta, "fingerprints": {"tokenizer": "0" * 64}}  # trained on other ids
+        tokenizer_file(CheckpointInfo(meta.path, {**meta.meta, "fingerprints": {}}))
+    other_ids = {**meta.meta, "fingerprints": {"tokenizer": "0" * 64}}  # trained on other ids
+    other_run = CheckpointInfo(meta.path, other_ids)
     with pytest.raises(OctlmError, match="were written with tokenizer"):
         run_dataset(other_run)
 

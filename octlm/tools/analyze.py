@@ -223,15 +223,15 @@ def underflow_for_run(
         raise OctlmError(f"--micro-batch {micro_batch} holds no sequence", "use 1 or more")
     if step is not None and step < 0:
         raise OctlmError(f"--step {step} is negative", "use a step >= 0")
-    model, meta = load_model(run_or_ckpt, device=device)
-    cfg = meta.get("config")
+    model, info = load_model(run_or_ckpt, device=device)
+    cfg = info.config
     if not cfg:
         raise OctlmError(
-            f"{meta['path']} holds no training config (a weights-only snapshot?)",
+            f"{info.path} holds no training config (a weights-only snapshot?)",
             "name the run folder or one of its full checkpoints",
         )
-    dataset = run_dataset(meta)
-    step = meta["train_state"]["step"] if step is None else step
+    dataset = run_dataset(info)
+    step = info.step if step is None else step
     packed = None
     if dataset.masked:  # prompt/completion data: the run's packed windows
         assert dataset.train_mask is not None
@@ -243,10 +243,10 @@ def underflow_for_run(
             context=cfg["context"],
             micro_batch=micro_batch if micro_batch is not None else cfg["micro_batch"],
             accum=cfg["accum"],
-            overfit_blocks=cfg.get("overfit_blocks", 0),
+            overfit_blocks=cfg["overfit_blocks"],
             # With every rank's micro-batches (world), micro-batch 0 is the step's first slice.
-            world=meta.get("world", 1),
-            order=cfg.get("order", "random"),  # configs written before --order have none
+            world=info.world,
+            order=cfg["order"],
         )
     except ValueError as exc:
         raise OctlmError(str(exc), "use the dataset the run trained on") from None
@@ -261,9 +261,9 @@ def underflow_for_run(
         device=next(model.parameters()).device,
     )
     report.source = (
-        f"{meta['path']} (trained {meta['train_state']['step']} steps): micro-batch 0 of "
-        f"step {step}, {inputs.shape[0]}x{inputs.shape[1]} tokens of {meta['data_dir']}"
-        + ("  [note: the run trained on in-memory --blocks]" if cfg.get("blocks") else "")
+        f"{info.path} (trained {info.step} steps): micro-batch 0 of "
+        f"step {step}, {inputs.shape[0]}x{inputs.shape[1]} tokens of {info.data_dir}"
+        + ("  [note: the run trained on in-memory --blocks]" if cfg["blocks"] else "")
     )
     return report
 

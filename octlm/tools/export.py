@@ -99,10 +99,10 @@ def export_hf(
     _refuse_non_empty(out, force)
     if out.is_file():
         raise OctlmError(f"{out} is a file", "name a folder for --format hf")
-    meta, weights = load_weights(run_or_ckpt)
-    config = ModelConfig.from_dict(meta["model_config"])
+    info, weights = load_weights(run_or_ckpt)
+    config = ModelConfig.from_dict(info.model_config)  # type: ignore[arg-type]
     tensors = hf_state_dict(weights, config.n_layers)
-    tok_path = tokenizer_file(meta, tokenizer)
+    tok_path = tokenizer_file(info, tokenizer)
     tok = tokenizer_at(tok_path)  # with the BOS/EOS/PAD ids the data was prepared with
     ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
     # Everything goes into a sibling folder first, so a failure leaves OUT as it was.
@@ -144,8 +144,8 @@ def export_safetensors(run_or_ckpt: str | Path, out: str | Path, *, force: bool 
     from octlm.train.checkpoint import snapshot_header
 
     target = out if out.suffix == ".safetensors" else out / SAFETENSORS_NAME
-    meta, weights = load_weights(run_or_ckpt)
-    header = snapshot_header(meta)
+    info, weights = load_weights(run_or_ckpt)
+    header = snapshot_header(info.meta)
     tensors = {name: t.detach().contiguous() for name, t in weights.items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(

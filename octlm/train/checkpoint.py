@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -22,6 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from octlm.config import TrainConfig
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, atomic_write_bytes
 from octlm.hashing import checksum_algo, checksum_matches
@@ -99,6 +101,54 @@ class CheckpointMeta(TypedDict, total=False):
     rng_ranks: list[dict[str, Any]]
     format: str
     format_version: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint (or snapshot) file says about its run, for every reader: the defaults
+    of files written before a key existed are applied here, once. `meta` is the metadata as
+    written (`unpack` reads it whole)."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int((self.meta.get(TRAIN_STATE) or {}).get("step", 0))
+
+    @property
+    def world(self) -> int:
+        return int(self.meta.get("world", 1))  # written before multi-process runs: one
+
+    @property
+    def model_config(self) -> dict[str, Any] | None:
+        config = self.meta.get("model_config")
+        return config if isinstance(config, dict) else None
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The run's settings (None in a snapshot); keys added since the file was written take
+        their default, which is what such runs did (new settings join off their default)."""
+        saved = self.meta.get("config")
+        if not isinstance(saved, dict):
+            return None
+        return {**{f.name: f.default for f in fields(TrainConfig)}, **saved}
+
+    @property
+    def trajectory(self) -> dict[str, Any]:
+        return dict(self.meta.get("trajectory") or {})
+
+    @property
+    def fingerprints(self) -> dict[str, str]:
+        return dict(self.meta.get("fingerprints") or {})
+
+    @property
+    def data_dir(self) -> str | None:
+        return self.meta.get("data_dir")
+
+    @property
+    def init_from(self) -> dict[str, Any] | None:
+        return self.meta.get("init_from")
 
 
 def flatten(tree: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -296,17 +346,6 @@ def read_latest(run_dir: Path) -> list[dict[str, Any]]:
         ) from None
 
 
-def peek_newest_meta(run_dir: Path) -> dict[str, Any] | None:
-    """The newest listed checkpoint's metadata (no tensors, no checks): to plan a resume."""
-    for entry in reversed(read_latest(run_dir)):
-        try:
-            with safe_open(str(run_dir / CKPT_DIR / entry["file"]), framework="pt") as f:
-                return json.loads((f.metadata() or {})["octlm"])
-        except Exception:  # damaged: the real load will say so and fall back
-            continue
-    return None
-
-
 def remove_stale_temps(run_dir: Path) -> None:
     """Temporary files left by a process killed mid-save: never listed, safe to delete."""
     for folder in (run_dir / CKPT_DIR, run_dir / SNAPSHOT_DIR):
@@ -333,9 +372,9 @@ def find_checkpoint(run_or_ckpt: str | Path) -> tuple[Path, str | None]:
 
 def load_checkpoint(
     path: Path, checksum: str | None
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(metadata, tensors) of a checkpoint, after checking its checksum ("ALGO:HEX", as
-    latest.json lists it; None: no check) and format version."""
+) -> tuple[CheckpointInfo, dict[str, torch.Tensor]]:
+    """(what it says, tensors) of a checkpoint or snapshot, after checking its checksum
+    ("ALGO:HEX", as latest.json lists it; None: no check) and format version."""
     if not path.is_file():  # e.g. listed in latest.json but deleted: no raw FileNotFoundError
         raise CheckpointError(f"checkpoint {path} does not exist", "name an existing file")
     if checksum is not None and not checksum_matches(path, checksum):
@@ -368,7 +407,7 @@ def load_checkpoint(
             f"{FORMAT_VERSION}",
             "upgrade octlm",
         )
-    return meta, tensors
+    return CheckpointInfo(path, meta), tensors
 
 
 def split_tensors(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -1,25 +1,68 @@
 """What guards a run folder while a trainer uses it: the lock, the "already holds a run" check,
-and the stop signals that end a run cleanly at a step boundary."""
+the check that every rank sees the same folder, and the stop signals that end a run cleanly at
+a step boundary.
+
+Every rank must see rank 0's folder: rank 0 writes a fresh token into it and sends it to the
+others; a rank that reads another token (or none) is looking at another folder, e.g. a node
+where --out is not on the shared file system, and would silently start afresh: it stops the run
+in one line instead."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import signal
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from octlm.errors import OctlmError
+import torch
+
+from octlm.errors import OctlmError, RankError
+from octlm.fsutil import atomic_write_bytes
 from octlm.runlog import LOG_NAME
 from octlm.train.checkpoint import read_latest
+from octlm.train.distributed import DistInfo, agree, broadcast_json
 
 
 def has_run(out: Path) -> bool:
     """Whether `out` already holds a run: a listed checkpoint or a log."""
     return bool(read_latest(out)) or (out / LOG_NAME).exists()
+
+
+TOKEN_NAME = ".world"
+"""The token rank 0 leaves in the run folder for the others to find (a few bytes, rewritten by
+each start)."""
+
+
+def check_shared_folder(out: Path, info: DistInfo, device: torch.device) -> None:
+    """Every rank sees rank 0's run folder, or every rank stops (collective)."""
+    if not info.enabled:
+        return
+    token = secrets.token_hex(16) if info.is_main else None
+    if info.is_main:
+        atomic_write_bytes(out / TOKEN_NAME, token.encode())  # type: ignore[union-attr]
+    token = broadcast_json(token, info, device)
+    try:
+        seen = (out / TOKEN_NAME).read_text()
+    except OSError:
+        seen = None
+    blind = seen != token
+    if agree(blind, info, device):
+        if blind:
+            raise RankError(
+                f"rank {info.rank} (on {socket.gethostname()}) does not see the run folder "
+                f"{out} that rank 0 writes",
+                "put --out on storage every node mounts at the same path (NFS, Lustre, ...)",
+            )
+        raise OctlmError(  # printed by rank 0; the blind rank says which it is
+            f"another rank does not see the run folder {out}",
+            "put --out on storage every node mounts at the same path (NFS, Lustre, ...)",
+        )
 
 
 class RunLock:

@@ -25,6 +25,7 @@ from octlm.model import GPT, PRESETS, ModelConfig
 from octlm.shape import SHAPE_KEYS
 from octlm.tokenizer import Tokenizer
 from octlm.train import checkpoint as ckpt
+from octlm.train.resume import load_newest_valid
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HF_CONFIG, HF_WEIGHTS, HF_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
@@ -89,15 +90,15 @@ def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dic
 
 def _read_octlm(target: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
     path, checksum = ckpt.find_checkpoint(target)
-    meta, tensors = ckpt.load_checkpoint(path, checksum)
-    if not isinstance(meta.get("model_config"), dict):
+    info, tensors = ckpt.load_checkpoint(path, checksum)
+    if info.model_config is None:
         raise InitFromError(f"{path} holds no model config", "name an octlm checkpoint")
-    shape = dict(meta["model_config"])
+    shape = dict(info.model_config)
     record = {
         "kind": "octlm",
         "file": str(path.resolve()),
-        "tokenizer": (meta.get("fingerprints") or {}).get("tokenizer"),
-        "step": (meta.get("train_state") or {}).get("step"),
+        "tokenizer": info.fingerprints.get("tokenizer"),
+        "step": info.step,
     }
     return shape, ckpt.model_weights(tensors), record
 
@@ -133,23 +134,25 @@ class InitPlan:
     notes: list[str]
 
 
-def _checkpoint_meta(cfg: TrainConfig) -> dict[str, Any] | None:
-    """The newest checkpoint's metadata when --resume will load one (it wins over the source)."""
-    meta = ckpt.peek_newest_meta(Path(cfg.out)) if cfg.resume else None
-    return meta if meta is not None and isinstance(meta.get("model_config"), dict) else None
+def _resumed_shape(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The shape of the checkpoint --resume will load (it wins over the source): the same
+    file `build_run` picks, by the same rule."""
+    found = load_newest_valid(Path(cfg.out)) if cfg.resume else None
+    return found.info.model_config if found is not None else None
 
 
-def plan_init(cfg: TrainConfig, tokenizer: Tokenizer) -> InitPlan | None:
-    """What --init-from gives the run (None without it). A resume that finds a checkpoint takes
-    the shape and the source's record from it, so a source moved or changed since cannot
-    change a resumed run, and the run resumes bit-exactly."""
+def plan_init(
+    cfg: TrainConfig, tokenizer: Tokenizer, resumed: ckpt.CheckpointInfo | None
+) -> InitPlan | None:
+    """What --init-from gives the run (None without it). A resume takes the shape and the
+    source's record from the checkpoint it loads (`resumed`), so a source moved or changed
+    since cannot change a resumed run, and the run resumes bit-exactly."""
     if cfg.init_from is None:
         return None
-    meta = _checkpoint_meta(cfg)
-    if meta is not None:
+    if resumed is not None and resumed.model_config is not None:
         note = f"--resume found a checkpoint: it wins, --init-from {cfg.init_from} is not read"
-        model_config = model_config_for(meta["model_config"], cfg, tokenizer)
-        return InitPlan(model_config, None, meta.get("init_from"), [note])
+        model_config = model_config_for(resumed.model_config, cfg, tokenizer)
+        return InitPlan(model_config, None, resumed.init_from, [note])
     source = read_source(cfg.init_from)
     check_shape_keys(cfg, source.shape)
     model_config = model_config_for(source.shape, cfg, tokenizer)  # the vocabulary first
@@ -174,8 +177,8 @@ def check_preset(cfg: TrainConfig) -> None:
     aside: the data and --context decide those). The CLI calls this when --model is given."""
     if cfg.init_from is None:
         return
-    meta = _checkpoint_meta(cfg)
-    shape = meta["model_config"] if meta is not None else read_source(cfg.init_from).shape
+    resumed = _resumed_shape(cfg)
+    shape = resumed if resumed is not None else read_source(cfg.init_from).shape
     preset = PRESETS[cfg.model].to_dict()
     wrong = [f"{k} {shape.get(k)} vs {preset[k]}" for k in SHAPE_FIELDS if shape[k] != preset[k]]
     if wrong:

@@ -29,9 +29,8 @@ from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import agree_max, peer_failure, shutdown
-from octlm.train.guards import RunLock, StopFlag, has_run
+from octlm.train.guards import TOKEN_NAME, RunLock, StopFlag, has_run
 from octlm.train.run import Run, build_run, resume
-from octlm.train.shared_load import TOKEN_NAME
 from octlm.train.step import NonFiniteError, StepResult, advance
 
 

@@ -45,6 +45,7 @@ from octlm.train.distributed import (
     sync_context,
     wrap_model,
 )
+from octlm.train.guards import check_shared_folder
 from octlm.train.init_from import InitPlan, load_into, plan_init
 from octlm.train.inputs import (
     build_sampler,
@@ -54,9 +55,8 @@ from octlm.train.inputs import (
     validation_set,
 )
 from octlm.train.optim import build_optimizer, param_names
-from octlm.train.resume_plan import plan_resume
+from octlm.train.resume import Found, find_agreed, settle
 from octlm.train.saver import BackgroundSaver
-from octlm.train.shared_load import check_shared_folder, load_agreed
 from octlm.train.state import (
     TrainState,
     configure_determinism,
@@ -106,6 +106,9 @@ class Run:
     """The --init-from source's identity (path, kind, weights_sha256), kept by every checkpoint."""
     packing: dict[str, Any] | None = None
     """Prompt/completion data: how its examples were packed at the run's context (the header)."""
+    start: Found | None = None
+    """The checkpoint this run resumes from, found once by `build_run` (None for a new run);
+    `resume` loads it and lets it go."""
 
     @property
     def out(self) -> Path:
@@ -248,13 +251,17 @@ def build_run(cfg: TrainConfig) -> Run:
     """Join the process group, then build every part in the order the bits depend on."""
     dist, device = init_distributed(cfg.device, cfg.dist_timeout)
     check_shared_folder(Path(cfg.out), dist, device)  # before any rank reads a checkpoint
-    cfg, notes = plan_resume(cfg, dist.world)
+    # The one checkpoint a resume reads: the settings, the shape and the state all come from it.
+    fsdp = dist.enabled and cfg.parallel == "fsdp"
+    start = find_agreed(Path(cfg.out), dist, device, fsdp) if cfg.resume else None
+    resumed = start.info if start else None
+    cfg, notes = settle(cfg, resumed, dist.world)
     check_device_dtype(device, cfg.dtype)
     if device.type == "cpu":
         keep_freed_host_memory()
     configure_determinism(cfg.deterministic, device)
     data_dir, dataset, tokenizer = _open_data(cfg)
-    init = plan_init(cfg, tokenizer)  # reads the --init-from source (unless a resume wins)
+    init = plan_init(cfg, tokenizer, resumed)  # reads the --init-from source unless resuming
     model_config, model = _build_model(cfg, tokenizer, init)
     model = model.to(device)
     model.activation_checkpointing = cfg.activation_checkpointing
@@ -262,18 +269,7 @@ def build_run(cfg: TrainConfig) -> Run:
     wrapped = wrap_model(model, dist, cfg.parallel, device)
     optimizer = build_optimizer(model, cfg)  # after wrapping: FSDP shards the parameters
     scaler = torch.amp.GradScaler(device.type) if cfg.dtype == "fp16" else None
-    setup = StepSetup(
-        forward=torch.compile(wrapped) if cfg.compile else wrapped,
-        device=device,
-        grad_clip=cfg.grad_clip,
-        dtype=cfg.dtype,
-        scaler=scaler,
-        clip_model=model,
-        before_backward=sync_context(wrapped, dist, cfg.parallel, cfg.accum),
-        skip_nonfinite=cfg.skip_nonfinite,
-        world=dist.world,
-        reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
-    )
+    setup = _step_setup(cfg, model, wrapped, scaler, dist, device)
     blocks = train_blocks(cfg, tokenizer)
     packed = packed_windows(cfg, dataset)
     data_fingerprint = (
@@ -303,6 +299,29 @@ def build_run(cfg: TrainConfig) -> Run:
         notes=notes,
         init_from=init.record if init else None,
         packing=packing_record(packed),
+        start=start,
+    )
+
+
+def _step_setup(
+    cfg: TrainConfig,
+    model: GPT,
+    wrapped: nn.Module,
+    scaler: torch.amp.GradScaler | None,
+    dist: DistInfo,
+    device: torch.device,
+) -> StepSetup:
+    return StepSetup(
+        forward=torch.compile(wrapped) if cfg.compile else wrapped,
+        device=device,
+        grad_clip=cfg.grad_clip,
+        dtype=cfg.dtype,
+        scaler=scaler,
+        clip_model=model,
+        before_backward=sync_context(wrapped, dist, cfg.parallel, cfg.accum),
+        skip_nonfinite=cfg.skip_nonfinite,
+        world=dist.world,
+        reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
     )
 
 
@@ -373,12 +392,11 @@ def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
 
 
 def resume(run: Run) -> tuple[Path, list[str]] | None:
-    """Load the newest valid checkpoint in the run folder into `run`; None when there is none.
-    Returns the file and the notes for the log (fallbacks, accepted changes, re-seeding)."""
-    fsdp = run.dist.enabled and run.cfg.parallel == "fsdp"
-    found = load_agreed(run.out, run.dist, run.device, fsdp)
+    """Load the checkpoint `build_run` found into `run`; None when there is none. Returns the
+    file and the notes for the log (fallbacks, accepted changes, re-seeding)."""
+    found, run.start = run.start, None  # its tensors are not kept beside the loaded ones
     if found is None:
         return None
-    state = ckpt.unpack(found.meta, found.tensors)
+    state = ckpt.unpack(found.info.meta, found.tensors)  # type: ignore[arg-type]
     notes = run.notes + found.notes + check_resumable(run, state)
     return found.path, notes + run.load_state_dict(state)

@@ -126,7 +126,8 @@ def test_nonfinite_stops_and_keeps_the_last_good_checkpoint(
     assert "--skip-nonfinite" in err.value.fix
     assert [e["step"] for e in listed(out)] == [2, 4]  # nothing saved at or after the bad step
     path, sha = ckpt.find_checkpoint(out)
-    meta, _ = ckpt.load_checkpoint(path, sha)  # the kept checkpoint is intact
+    read, _ = ckpt.load_checkpoint(path, sha)  # the kept checkpoint is intact
+    meta = read.meta
     assert meta["train_state"]["step"] == 4
     events = [r for r in read_log(out) if r.get("event") == "nonfinite"]
     assert [e["step"] for e in events] == [BAD_STEP]
@@ -199,7 +200,8 @@ def test_save_fault_keeps_previous_checkpoint(tiny_dataset, tmp_path, monkeypatc
     monkeypatch.undo()
     assert [e["step"] for e in listed(out)] == [2]  # the list still names the good one
     path, sha = ckpt.find_checkpoint(out)
-    meta, _ = ckpt.load_checkpoint(path, sha)
+    read, _ = ckpt.load_checkpoint(path, sha)
+    meta = read.meta
     assert meta["train_state"]["step"] == 2
     assert not list((out / "checkpoints").glob(".*.tmp-*"))
     # And the run resumes from it to the same bits as a run that never failed.
@@ -230,7 +232,8 @@ def test_bad_checkpoint_files_are_one_line(tiny_dataset, tmp_path, kind) -> None
         out = tmp_path / "run"
         octlm(*train_args(tiny_dataset, out, "--stop-at", "1"))
         path, sha = ckpt.find_checkpoint(out)
-        meta, tensors = ckpt.load_checkpoint(path, sha)
+        read, tensors = ckpt.load_checkpoint(path, sha)
+        meta = read.meta
         from safetensors.torch import save_file
 
         save_file(tensors, str(bad), metadata={"octlm": json.dumps({**meta, "format_version": 99})})

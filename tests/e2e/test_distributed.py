@@ -8,6 +8,7 @@ resumes across world sizes) must see the same data and end within a measured tol
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,39 @@ def test_resume_across_world_sizes(tiny_dataset, single, tmp_path, direction) ->
     assert max_weight_diff(single, out) <= TOLERANCE
 
 
+def test_a_damaged_newest_checkpoint_of_another_world_resumes_with_the_older_ones_settings(
+    tiny_dataset, tmp_path
+) -> None:
+    """The checkpoint a resume reads decides its settings too. Step 2 is written by 1 process
+    (accumulation 2), step 4 by 2 after an elastic resume. With step 4's tensors damaged (its
+    header intact), a resume on 2 processes must fall back to step 2 and take step 2's world
+    (accumulation 2 over 2 ranks: 1 each), ending where the same resume from step 2 ends."""
+    base = tmp_path / "base"
+    octlm(*args(tiny_dataset, base, "--accum", "2", "--stop-at", "2"))
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    shutil.copytree(base, ref)
+    shutil.copytree(base, out)
+    two = ("--accum", "2", "--nproc", "2", "--resume")
+    octlm(*args(tiny_dataset, ref, *two))
+    octlm(*args(tiny_dataset, out, *two, "--stop-at", "4"))
+    newest = ckpt.read_latest(out)[-1]
+    assert (
+        newest["step"] == 4
+        and "world"
+        in ckpt.load_checkpoint(out / ckpt.CKPT_DIR / newest["file"], newest["checksum"])[0].meta
+    )
+    path = out / ckpt.CKPT_DIR / newest["file"]
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # the last tensor's bytes: the header still reads
+    path.write_bytes(bytes(data))
+    proc = octlm(*args(tiny_dataset, out, *two))
+    assert "falling back" in proc.stderr and "resumed from" in proc.stderr
+    assert "step_000002" in proc.stderr and "written by 1 process(es), resumed by 2" in proc.stderr
+    assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
+    assert steps_of(out) == steps_of(ref)
+    assert end_hash(out) == end_hash(ref)
+
+
 FSDP = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
 
 
@@ -138,17 +172,17 @@ import torch
 import torch.distributed as dist
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import DistInfo
-from octlm.train.shared_load import load_agreed
+from octlm.train.resume import find_agreed
 
 run, out = Path(sys.argv[1]), Path(sys.argv[2])
 dist.init_process_group("gloo")
 info = DistInfo(dist.get_rank(), dist.get_world_size(), dist.get_rank())
-found = load_agreed(run, info, torch.device("cpu"), fsdp=True)
+found = find_agreed(run, info, torch.device("cpu"), fsdp=True)
 path, checksum = ckpt.find_checkpoint(run)
 _, on_disk = ckpt.load_checkpoint(path, checksum)
 (out / f"rank{info.rank}.json").write_text(json.dumps({
     "file": found.path.name,
-    "meta_equal": found.meta == ckpt.load_checkpoint(path, None)[0],
+    "meta_equal": found.info.meta == ckpt.load_checkpoint(path, None)[0].meta,
     "names_equal": sorted(found.tensors) == sorted(on_disk),
     "placeholders": sorted(k for k, v in found.tensors.items() if v.is_meta),
     "equal": sorted(k for k, v in found.tensors.items() if not v.is_meta

@@ -109,7 +109,7 @@ def val_batch(tiny_dataset: Path) -> torch.Tensor:
 def test_hf_folder_holds_llama_config_and_names(hf_dir: Path, run: Path, tiny_dataset) -> None:
     assert {p.name for p in hf_dir.iterdir()} == HF_FILES
     cfg = json.loads((hf_dir / "config.json").read_text())
-    model = ModelConfig.from_dict(load_model(run)[1]["model_config"])
+    model = ModelConfig.from_dict(load_model(run)[1].model_config)
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["max_position_embeddings"]) == (
         model.d_model,
@@ -207,7 +207,7 @@ def test_safetensors_round_trips(run: Path, ours: GPT, capsys) -> None:
         model = GPT(ModelConfig.from_dict(meta["model_config"]))
         model.load_state_dict(tensors)
         assert weights_sha256(model.state_dict()) == expected
-        assert meta["fingerprints"] == load_model(run)[1]["fingerprints"]
+        assert meta["fingerprints"] == load_model(run)[1].fingerprints
     # The header makes the file an octlm snapshot, so the run commands accept it.
     capsys.readouterr()
     assert main(["hash", str(file_out)]) == 0

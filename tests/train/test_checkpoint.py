@@ -150,14 +150,16 @@ def test_loading_never_unpickles(saved_run, monkeypatch) -> None:
     monkeypatch.setattr(pickle, "load", forbidden)
     monkeypatch.setattr(pickle, "loads", forbidden)
     monkeypatch.setattr(pickle, "Unpickler", forbidden)
-    meta, tensors = load_checkpoint(path, file_sha256(path))
+    read, tensors = load_checkpoint(path, file_sha256(path))
+    meta = read.meta
     assert meta["train_state"]["step"] == 1
 
 
 def test_load_returns_exactly_what_was_saved(saved_run) -> None:
     run, path = saved_run
     meta, tensors = pack(run.state_dict())
-    loaded_meta, loaded = load_checkpoint(*find_checkpoint(run.out))
+    read, loaded = load_checkpoint(*find_checkpoint(run.out))
+    loaded_meta = read.meta
     assert find_checkpoint(run.out)[0] == path
     assert sorted(loaded) == sorted(tensors)
     for name, t in tensors.items():
@@ -199,7 +201,7 @@ def test_a_latest_json_of_octlm_0_1_with_sha256_entries_still_loads(tmp_path: Pa
     (folder / LATEST).write_text(json.dumps(old))
     path, listed = find_checkpoint(tmp_path)
     assert listed == "sha256:" + file_sha256(folder / name)
-    assert load_checkpoint(path, listed)[0]["s"] == 1
+    assert load_checkpoint(path, listed)[0].meta["s"] == 1
     save_checkpoint(tmp_path, 2, {"s": 2}, small_tensors(2.0))  # rewrites the list anew
     assert [e["checksum"].split(":")[0] for e in read_latest(tmp_path)] == ["sha256", "xxh3_128"]
 
@@ -273,7 +275,8 @@ def test_latest_json_keeps_the_last_entries_and_deletes_older_files(tmp_path: Pa
     for e in entries:
         assert e["checksum"] == file_checksum(folder / e["file"])
     path, sha = find_checkpoint(tmp_path)
-    meta, tensors = load_checkpoint(path, sha)
+    read, tensors = load_checkpoint(path, sha)
+    meta = read.meta
     assert meta["s"] == 5
     assert torch.equal(tensors["w"], torch.full((4, 4), 5.0))
 
@@ -307,7 +310,7 @@ def test_failed_write_leaves_the_previous_checkpoint_and_no_temp_file(
     after = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert after == before  # same names (no temp file, no step 3), same bytes
     path, sha = find_checkpoint(tmp_path)
-    meta, tensors = load_checkpoint(path, sha)
+    _, tensors = load_checkpoint(path, sha)
     assert float(tensors["w"][0, 0]) == 2.0
 
 
@@ -336,7 +339,8 @@ def test_optimizer_survives_a_checkpoint_file_and_continues_identically(
     meta, tensors = optimizer_to_flat(opt)
     weights = {f"model.{k}": v for k, v in model.state_dict().items()}
     path = save_checkpoint(tmp_path, 2, {"optimizer": meta}, {**tensors, **weights})
-    loaded_meta, loaded = load_checkpoint(path, file_sha256(path))
+    read, loaded = load_checkpoint(path, file_sha256(path))
+    loaded_meta = read.meta
 
     torch.manual_seed(99)
     model2 = GPT(TINY)
@@ -409,7 +413,8 @@ def test_rng_survives_a_checkpoint_file(tmp_path: Path) -> None:
     meta, tensors = flatten(rng_state_dict(), "rng.")
     path = save_checkpoint(tmp_path, 1, {"rng": meta}, tensors)
     first = draws()
-    loaded_meta, loaded = load_checkpoint(path, file_sha256(path))
+    read, loaded = load_checkpoint(path, file_sha256(path))
+    loaded_meta = read.meta
     load_rng_state_dict(unflatten(loaded_meta["rng"], loaded, "rng."))
     assert draws() == first
 
@@ -470,7 +475,8 @@ def test_a_runs_state_packs_into_the_v1_names_and_unpacks_to_itself(saved_run) -
 
 def test_golden_v1_checkpoint_unpacks_and_repacks_to_the_same_entries() -> None:
     golden = Path(__file__).parents[1] / "golden" / "v1-micro" / "run"
-    meta, tensors = load_checkpoint(*find_checkpoint(golden))
+    read, tensors = load_checkpoint(*find_checkpoint(golden))
+    meta = read.meta
     again_meta, again = pack(unpack(meta, tensors))
     assert sorted(again) == sorted(tensors)
     assert all(torch.equal(again[k], tensors[k]) for k in tensors)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from octlm.config import FUSED_DEFAULT, TrainConfig
 from octlm.config_files import make_config
 from octlm.model import GPT, preset
+from octlm.train.checkpoint import CheckpointInfo
 from octlm.train.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
-from octlm.train.resume_plan import settled_defaults
+from octlm.train.resume import settled_defaults
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
@@ -123,14 +126,18 @@ def test_zero_grad_clip_leaves_gradients_bitwise_unchanged_and_returns_the_norm(
         assert torch.equal(p.grad, g)
 
 
+def saved(fused: bool) -> CheckpointInfo:
+    return CheckpointInfo(Path("step_000004.safetensors"), {"trajectory": {"fused": fused}})
+
+
 def test_fused_left_unset_is_on_for_a_new_run_and_the_checkpoints_on_resume() -> None:
     cfg = make_config(None, model="micro", context=64)
     assert cfg.fused is None and cfg.trajectory()["fused"] is FUSED_DEFAULT is True
     assert settled_defaults(cfg, None).fused is True
-    assert settled_defaults(cfg, {"trajectory": {"fused": False}}).fused is False
-    assert settled_defaults(cfg, {"trajectory": {"fused": True}}).fused is True
+    assert settled_defaults(cfg, saved(False)).fused is False
+    assert settled_defaults(cfg, saved(True)).fused is True
     explicit = make_config(None, model="micro", context=64, fused=False)
-    assert settled_defaults(explicit, {"trajectory": {"fused": True}}).fused is False
+    assert settled_defaults(explicit, saved(True)).fused is False
 
 
 def test_fused_and_unfused_adamw_differ_in_the_last_bits() -> None:

@@ -1,13 +1,18 @@
-"""The run folder every rank shares: each must see rank 0's, and the checkpoint a resume starts
-from is the same one on every rank, under FSDP read from disk by rank 0 alone.
+"""The checkpoint a resume starts from: found once, agreed by every rank, and the one source of
+every decision a resume makes.
 
-Rank 0 writes a fresh token into the folder and sends it to the others; a rank that reads
-another token (or none) is looking at another folder, e.g. a node where --out is not on the
-shared file system, and would silently start afresh: it stops the run in one line instead.
+`build_run` calls `find_agreed` right after the ranks have checked that they share the run
+folder, before anything is built. Its answer feeds, in order, the settings that must match the
+checkpoint before any part is built (`settle`: defaults that changed after the run began, the
+accumulation under another process count), `plan_init` (a resume takes the shape from the
+checkpoint, not from the `--init-from` source), and finally `Run.load_state_dict`. So the plan
+and the state always come from the same file, even when the newest one is damaged and an older
+one, written with other settings, is used instead (tests/e2e/test_resume_selection.py).
 
-Rank 0 picks the newest intact checkpoint (falling back past damaged ones) and tells the others
-its name and checksum, so no rank can start from another step than its peers because it saw the
-folder differently (a lagging network file system, a file damaged between two reads).
+Rank 0 picks the newest intact checkpoint (falling back past damaged ones, with a note each)
+and tells the others its name and checksum, so no rank can start from another step than its
+peers because it saw the folder differently (a lagging network file system, a file damaged
+between two reads).
 
 - DDP: every rank then reads that file itself; each needs every weight anyway, and a rank that
   cannot read it fails in one line that names the rank and the file.
@@ -22,15 +27,13 @@ computes are the same as when every rank read the file (tests/e2e/test_distribut
 
 from __future__ import annotations
 
-import secrets
-import socket
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from octlm.errors import OctlmError, RankError
-from octlm.fsutil import atomic_write_bytes
+from octlm.config import TrainConfig, fused_or_default
+from octlm.errors import RankError, ResumeError
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
 
@@ -38,12 +41,15 @@ from octlm.train.distributed import DistInfo, agree, broadcast_json, broadcast_t
 class Found(NamedTuple):
     """A checkpoint that passed its checks, as `load_newest_valid` found it."""
 
-    path: Path
+    info: ckpt.CheckpointInfo
     checksum: str
-    meta: dict[str, Any]
     tensors: dict[str, torch.Tensor]
     notes: list[str]
     """One line for each newer listed file that was skipped (damaged)."""
+
+    @property
+    def path(self) -> Path:
+        return self.info.path
 
 
 def load_newest_valid(run_dir: Path) -> Found | None:
@@ -54,11 +60,11 @@ def load_newest_valid(run_dir: Path) -> Found | None:
     for entry in reversed(entries):
         path = run_dir / ckpt.CKPT_DIR / entry["file"]
         try:
-            meta, tensors = ckpt.load_checkpoint(path, entry["checksum"])
+            info, tensors = ckpt.load_checkpoint(path, entry["checksum"])
         except ckpt.CheckpointError as exc:
             notes.append(f"{exc.problem}: falling back to the previous checkpoint")
             continue
-        return Found(path, entry["checksum"], meta, tensors, notes)
+        return Found(info, entry["checksum"], tensors, notes)
     if entries:
         raise ckpt.CheckpointError(
             f"none of the {len(entries)} checkpoints in {run_dir / ckpt.CKPT_DIR} is intact",
@@ -67,38 +73,7 @@ def load_newest_valid(run_dir: Path) -> Found | None:
     return None
 
 
-TOKEN_NAME = ".world"
-"""The token rank 0 leaves in the run folder for the others to find (a few bytes, rewritten by
-each start)."""
-
-
-def check_shared_folder(out: Path, info: DistInfo, device: torch.device) -> None:
-    """Every rank sees rank 0's run folder, or every rank stops (collective)."""
-    if not info.enabled:
-        return
-    token = secrets.token_hex(16) if info.is_main else None
-    if info.is_main:
-        atomic_write_bytes(out / TOKEN_NAME, token.encode())  # type: ignore[union-attr]
-    token = broadcast_json(token, info, device)
-    try:
-        seen = (out / TOKEN_NAME).read_text()
-    except OSError:
-        seen = None
-    blind = seen != token
-    if agree(blind, info, device):
-        if blind:
-            raise RankError(
-                f"rank {info.rank} (on {socket.gethostname()}) does not see the run folder "
-                f"{out} that rank 0 writes",
-                "put --out on storage every node mounts at the same path (NFS, Lustre, ...)",
-            )
-        raise OctlmError(  # printed by rank 0; the blind rank says which it is
-            f"another rank does not see the run folder {out}",
-            "put --out on storage every node mounts at the same path (NFS, Lustre, ...)",
-        )
-
-
-def load_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool) -> Found | None:
+def find_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool) -> Found | None:
     """The newest intact checkpoint of `run_dir` (collective with several ranks); None when the
     folder lists none. Under FSDP the other ranks' weights and moments are placeholders."""
     if not info.enabled:
@@ -120,13 +95,14 @@ def load_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool)
     failed: RankError | None = None
     if info.is_main:
         assert found is not None
-        meta, tensors = found.meta, found.tensors
+        meta, tensors = found.info.meta, found.tensors
     elif fsdp:
         meta, tensors = header["meta"], _placeholders(header["large"])
     else:
         meta, tensors = {}, {}
         try:
-            meta, tensors = ckpt.load_checkpoint(path, header["checksum"])
+            read, tensors = ckpt.load_checkpoint(path, header["checksum"])
+            meta = read.meta
         except ckpt.CheckpointError as exc:
             failed = RankError(f"rank {info.rank}: {exc.problem}", exc.fix)
     if agree(failed is not None, info, device):
@@ -137,7 +113,45 @@ def load_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool)
         for name, (dtype, shape) in sorted(header["small"].items()):
             held = tensors[name] if info.is_main else torch.empty(shape, dtype=_dtype(dtype))
             tensors[name] = broadcast_tensor(held, info, device)
-    return Found(path, header["checksum"], meta, tensors, header["notes"])
+    return Found(ckpt.CheckpointInfo(path, meta), header["checksum"], tensors, header["notes"])
+
+
+def settle(
+    cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None, world: int
+) -> tuple[TrainConfig, list[str]]:
+    """`cfg` settled for the checkpoint it resumes (`resumed`; None for a new run), and the
+    notes. Decided before any part is built, so every part sees the settings it runs with."""
+    return elastic_config(settled_defaults(cfg, resumed), world, resumed)
+
+
+def settled_defaults(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> TrainConfig:
+    """Settings left unset whose default changed after runs existed: a resume takes the
+    checkpoint's value, so an older run folder resumes on the numbers it started with; a new
+    run takes today's default."""
+    if cfg.fused is None:
+        saved = resumed.trajectory.get("fused") if resumed is not None else None
+        cfg = cfg.replace(fused=fused_or_default(saved))
+    return cfg
+
+
+def elastic_config(
+    cfg: TrainConfig, world: int, resumed: ckpt.CheckpointInfo | None
+) -> tuple[TrainConfig, list[str]]:
+    """Resuming with another process count: keep the global batch by adjusting accumulation."""
+    if resumed is None or resumed.world == world:
+        return cfg, []
+    total = resumed.trajectory["accum"]  # micro-batches per step over all ranks
+    if total % world:
+        raise ResumeError(
+            f"the checkpoint's {total} micro-batches per step do not split over {world} processes",
+            "resume with a process count that divides it",
+        )
+    note = (
+        f"checkpoint written by {resumed.world} process(es), resumed by {world}: "
+        f"--accum set to {total // world} to keep the global batch; the data order continues, "
+        "but sums run in another order (not bitwise)"
+    )
+    return cfg.replace(accum=total // world), [note]
 
 
 def _header(found: Found | None, problem: list[str] | None, fsdp: bool) -> dict[str, Any]:
@@ -152,7 +166,7 @@ def _header(found: Found | None, problem: list[str] | None, fsdp: bool) -> dict[
             k: [str(v.dtype).removeprefix("torch."), list(v.shape)]
             for k, v in found.tensors.items()
         }
-        header["meta"] = found.meta
+        header["meta"] = found.info.meta
         header["large"] = {k: v for k, v in specs.items() if _sharded(k, found.tensors[k])}
         header["small"] = {k: v for k, v in specs.items() if k not in header["large"]}
     return header
