@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from octlm.data.dataset_tokenizer import tokenizer_entry
-from octlm.data.fastbpe import DocumentEncoder
 from octlm.errors import TokenizerError
-from octlm.hf_tokenizer import load_tokenizer
-from octlm.tokenizer import OCTLM_SPECIALS, Specials
+from octlm.tokenizer.core import OCTLM_SPECIALS, Specials
+from octlm.tokenizer.fastbpe import DocumentEncoder
+from octlm.tokenizer.hf_folder import load_tokenizer
 from tests.hf_folders import VARIED, byte_level_folder, corpus_texts, llama_folder
 
 transformers = pytest.importorskip("transformers")

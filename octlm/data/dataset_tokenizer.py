@@ -15,8 +15,8 @@ from typing import Any
 
 from octlm.data.shards import MANIFEST_NAME, TOKENIZER_NAME, ShardDataset, load_manifest
 from octlm.hashing import file_sha256
-from octlm.hf_tokenizer import load_tokenizer
-from octlm.tokenizer import Specials, Tokenizer, octlm_specials
+from octlm.tokenizer.core import Specials, Tokenizer, octlm_specials
+from octlm.tokenizer.hf_folder import load_tokenizer
 
 
 def tokenizer_entry(tokenizer: Tokenizer) -> dict[str, Any]:

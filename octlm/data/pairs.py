@@ -36,8 +36,8 @@ from octlm.data.tables import ARROW, PARQUET, Column, read_columns
 from octlm.data.writer import IdsDigest
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
-from octlm.hf_tokenizer import load_tokenizer, tokenizer_json
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
+from octlm.tokenizer.hf_folder import load_tokenizer, tokenizer_json
 
 FORMAT = "prompt-completion"
 CHUNK_EXAMPLES = 2048

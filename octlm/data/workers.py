@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
-from octlm.data.fastbpe import DocumentEncoder
 from octlm.errors import DataError
-from octlm.tokenizer import Specials, Tokenizer
+from octlm.tokenizer.core import Specials, Tokenizer
+from octlm.tokenizer.fastbpe import DocumentEncoder
 
 _STATE: dict[str, Any] = {}
 

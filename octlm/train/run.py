@@ -31,7 +31,7 @@ from octlm.evaluate import EvalResult, ValidationSet, validate
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, ModelConfig, preset
 from octlm.runlog import git_commit
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import (
     DistInfo,

@@ -15,11 +15,11 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from octlm.data.corpus import read_documents, split_documents
-from octlm.data.fastbpe import ENCODER_ENV, DocumentEncoder, Splitter, use_fast_path
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.errors import DataError
-from octlm.tokenizer import SPECIAL_TOKENS, Tokenizer
+from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
+from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder, Splitter, use_fast_path
 
 GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PROPERTY = settings(

@@ -38,7 +38,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
 from octlm.errors import DataError
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 ENCODER_ENV = "OCTLM_ENCODER"
 """`OCTLM_ENCODER=hf` encodes every document with HF's encode_batch (the reference path)."""

@@ -37,7 +37,13 @@ from tokenizers import Tokenizer as HFTokenizer
 from octlm.errors import TokenizerError
 from octlm.fsutil import read_json_object
 from octlm.hashing import file_sha256
-from octlm.tokenizer import SPECIAL_TOKENS, Specials, Tokenizer, octlm_specials, read_tokenizer_json
+from octlm.tokenizer.core import (
+    SPECIAL_TOKENS,
+    Specials,
+    Tokenizer,
+    octlm_specials,
+    read_tokenizer_json,
+)
 
 TOKENIZER_JSON = "tokenizer.json"
 CONFIG_FILES = (

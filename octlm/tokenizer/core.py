@@ -2,7 +2,7 @@
 
 octlm trains byte-level BPE with its three special tokens `<|bos|>`, `<|eos|>`, `<|pad|>` (ids
 0-2); a Hugging Face tokenizer has its own, found in its folder's config files
-(`octlm.hf_tokenizer`) and handed in as `Specials`. User text is never parsed for special
+(`octlm.tokenizer.hf_folder`) and handed in as `Specials`. User text is never parsed for special
 tokens: a literal "<|eos|>" (or "</s>") inside a document is encoded as ordinary text, so only
 `encode(..., add_special_tokens=True)` can emit BOS/EOS. The saved file is a standard
 `tokenizer.json`; `fingerprint` is the sha256 of its bytes.
@@ -21,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from octlm.errors import TokenizerError
 from octlm.hashing import file_sha256, sha256_bytes
-from octlm.token_bytes import token_bytes_table
+from octlm.tokenizer.token_bytes import token_bytes_table
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 SPECIAL_TOKENS = (BOS, EOS, PAD)  # ids 0, 1, 2 in every octlm tokenizer
@@ -158,7 +158,7 @@ class Tokenizer:
 
     @property
     def hf(self) -> HFTokenizer:
-        """The HF tokenizer inside, to read its settings (octlm.data.fastbpe); never change it."""
+        """The HF tokenizer inside, to read its settings (`fastbpe`); never change it."""
         return self._hf
 
 
