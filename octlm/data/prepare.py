@@ -45,7 +45,7 @@ from octlm.errors import DataError
 from octlm.fsutil import fsync_path
 from octlm.tokenizer.core import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
 from octlm.tokenizer.fastbpe import use_fast_path
-from octlm.tokenizer.hf_folder import load_tokenizer, tokenizer_json
+from octlm.tokenizer.hf_folder import open_tokenizer, tokenizer_json
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 DEFAULT_TOKENIZER_MAX_CHARS = 2_000_000_000
@@ -133,7 +133,7 @@ def prepare_with_stats(
     stats.seconds["scan"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if cfg.tokenizer is not None:
-        tokenizer = load_tokenizer(cfg.tokenizer)
+        tokenizer = open_tokenizer(cfg.tokenizer)
     else:
         tokenizer = _train_tokenizer(cfg, sources, plan, scan, progress)
     stats.seconds["tokenizer"] = time.perf_counter() - clock

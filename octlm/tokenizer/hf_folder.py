@@ -145,8 +145,10 @@ def resolve_specials(hf: HFTokenizer, file: Path) -> Specials | None:
     return Specials(bos=bos, eos=eos, pad=eos if pad is None else pad)
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer `--tokenizer PATH` names, with the specials its folder gives it."""
+def open_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer a path names (`--tokenizer PATH`): a tokenizer.json or a folder holding one,
+    with the specials its folder gives it (module docstring). A prepared dataset's own file takes
+    the ids its manifest records instead: `octlm.data.dataset_tokenizer.tokenizer_at`."""
     file = tokenizer_json(Path(path))
     hf = read_tokenizer_json(file)
     return Tokenizer(hf, file_sha256(file), resolve_specials(hf, file))
