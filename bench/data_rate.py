@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import tokenizers
 import torch
-from tokenizers import Tokenizer as HFTokenizer
 
 from octlm.data.corpus import read_documents
 from octlm.data.order import Sampler
@@ -140,7 +140,7 @@ def timed_prepare(tok_path: Path, encoder: str) -> tuple[float, dict]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def tokenize_round(r: int, tok_path: Path, hf: HFTokenizer, enc, texts: list[str]) -> dict:
+def tokenize_round(r: int, tok_path: Path, hf: tokenizers.Tokenizer, enc, texts: list[str]) -> dict:
     """One round of the five tokenizer paths: seconds per job, and each job's output."""
     tokenizer = Tokenizer.load(tok_path)
     work = {
@@ -198,7 +198,7 @@ def main() -> None:
     gpu_rate = SEED_GPU_TOKENS_PER_S / tokens
 
     tok_path = data / "tokenizer.json"
-    hf = HFTokenizer.from_file(str(tok_path))
+    hf = tokenizers.Tokenizer.from_file(str(tok_path))
     hf.encode_special_tokens = True  # as octlm.tokenizer.core.Tokenizer sets it
     texts = [d.text for d in read_documents(())]
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer as HFTokenizer
+import tokenizers
 
 from octlm.errors import TokenizerError
 from octlm.fsutil import read_json_object
@@ -84,7 +84,7 @@ def _id_value(value: Any) -> int | None:
 
 
 def _role_id(
-    role: str, configs: dict[str, dict[str, Any]], hf: HFTokenizer, folder: Path
+    role: str, configs: dict[str, dict[str, Any]], hf: tokenizers.Tokenizer, folder: Path
 ) -> int | None:
     for name in CONFIG_FILES:
         config = configs.get(name)
@@ -108,7 +108,7 @@ def _role_id(
     return hf.token_to_id(SPECIAL_TOKENS[ROLES.index(role)])
 
 
-def _post_processor_adds(hf: HFTokenizer, bos: int) -> bool:
+def _post_processor_adds(hf: tokenizers.Tokenizer, bos: int) -> bool:
     """Whether tokenizer.json's post-processor starts a single text with token `bos`."""
     token = hf.id_to_token(bos)
     post = json.loads(hf.to_str()).get("post_processor") or {}
@@ -121,7 +121,7 @@ def _post_processor_adds(hf: HFTokenizer, bos: int) -> bool:
     return False
 
 
-def resolve_specials(hf: HFTokenizer, file: Path) -> Specials | None:
+def resolve_specials(hf: tokenizers.Tokenizer, file: Path) -> Specials | None:
     """The specials the config files beside `file` give `hf` (module docstring); None: octlm's
     own."""
     folder = file.parent
