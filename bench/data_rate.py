@@ -9,8 +9,8 @@
    GPU rate (small.toml: ~99,500 tokens/s = 6.07 micro-batches/s; quoted, not measured here).
 2. Tokens/s of `octlm.data.prepare` on the embedded corpus with the demo tokenizer (reading
    and splitting the documents, encoding, writing and hashing the shards, the manifest), with
-   its fast encoder (octlm.data.fastbpe) and with OCTLM_ENCODER=hf, against HF tokenizers' raw
-   `encode_batch` on the same documents with the same tokenizer, the fast encoder alone (a
+   its fast encoder (octlm.tokenizer.fastbpe) and with OCTLM_ENCODER=hf, against HF tokenizers'
+   raw `encode_batch` on the same documents with the same tokenizer, the fast encoder alone (a
    fresh one each round: its set-up and an empty piece cache included), and, when tiktoken is
    importable, a `tiktoken.Encoding` built from that tokenizer's BPE (same ranks, the GPT-2
    split regex that the ByteLevel pre-tokenizer uses). The order of the five is reversed every
@@ -30,16 +30,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import tokenizers
 import torch
-from tokenizers import Tokenizer as HFTokenizer
 
 from octlm.data.corpus import read_documents
-from octlm.data.fastbpe import ENCODER_ENV, DocumentEncoder
 from octlm.data.order import Sampler
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.model import GPT, preset
-from octlm.tokenizer import SPECIAL_TOKENS, Tokenizer
+from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
+from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder
 
 if not __package__:  # run as `python bench/data_rate.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -140,7 +140,7 @@ def timed_prepare(tok_path: Path, encoder: str) -> tuple[float, dict]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def tokenize_round(r: int, tok_path: Path, hf: HFTokenizer, enc, texts: list[str]) -> dict:
+def tokenize_round(r: int, tok_path: Path, hf: tokenizers.Tokenizer, enc, texts: list[str]) -> dict:
     """One round of the five tokenizer paths: seconds per job, and each job's output."""
     tokenizer = Tokenizer.load(tok_path)
     work = {
@@ -198,8 +198,8 @@ def main() -> None:
     gpu_rate = SEED_GPU_TOKENS_PER_S / tokens
 
     tok_path = data / "tokenizer.json"
-    hf = HFTokenizer.from_file(str(tok_path))
-    hf.encode_special_tokens = True  # as octlm.tokenizer.Tokenizer sets it
+    hf = tokenizers.Tokenizer.from_file(str(tok_path))
+    hf.encode_special_tokens = True  # as octlm.tokenizer.core.Tokenizer sets it
     texts = [d.text for d in read_documents(())]
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     enc, tk_version = build_tiktoken(tok_path)

@@ -16,7 +16,7 @@ from octlm.generate import generate_text
 from octlm.load import load_model, run_tokenizer
 from octlm.model import GPT
 from octlm.runlog import read_log
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from octlm.train.loop import train as train_run
 
 

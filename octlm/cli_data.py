@@ -22,7 +22,7 @@ from octlm.data.scan import documents
 from octlm.data.sources import ReadOptions, find_sources
 from octlm.data.split import DEFAULT_VAL_FRACTION, DEFAULT_VAL_TOKENS, SplitRule
 from octlm.errors import OctlmError
-from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
+from octlm.tokenizer.core import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
 
 _MAX_CHARS = f"{DEFAULT_TOKENIZER_MAX_CHARS:.0e}".replace("e+0", "e")
 

@@ -9,7 +9,7 @@ import torch
 
 from octlm.errors import OctlmError
 from octlm.model import GPT
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:

@@ -17,7 +17,7 @@ from octlm.device import resolve_device
 from octlm.errors import OctlmError
 from octlm.hashing import file_sha256
 from octlm.model import GPT, ModelConfig
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from octlm.train import checkpoint as ckpt
 
 

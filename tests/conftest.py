@@ -25,7 +25,7 @@ import pytest
 
 from octlm.data.corpus import Document, embedded_documents
 from octlm.data.prepare import PrepareConfig, prepare
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from tests.shared import shared
 
 atexit.register(shutil.rmtree, os.environ["OCTLM_CACHE"], True)

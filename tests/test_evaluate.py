@@ -14,7 +14,7 @@ from octlm.data.order import validation_starts
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.evaluate import evaluate
 from octlm.model import GPT, preset
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 CONTEXT = 32
 CPU = torch.device("cpu")

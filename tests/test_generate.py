@@ -10,7 +10,7 @@ from octlm.cli import main
 from octlm.errors import OctlmError
 from octlm.generate import check_sampling, generate, generate_text
 from octlm.model import GPT, preset
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 CONTEXT = 32
 PROMPT = [1, 17, 250, 3, 99]

@@ -2,7 +2,9 @@
 
 No re-export under `noqa: F401`, no underscore name imported from another module, no package
 file over 400 lines nor function over 60, and the rooms' import directions: `octlm/train/`
-imports no tool, no `octlm.load` and no CLI; nothing below the tools imports `octlm.tools`.
+imports no tool, no `octlm.load` and no CLI; nothing below the tools imports `octlm.tools`;
+`octlm/tokenizer/` (which `data/` imports) imports only itself and the base (`errors`,
+`hashing`, `fsutil`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "octlm"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+BASE = ("octlm.errors", "octlm.hashing", "octlm.fsutil")  # import no other octlm module
 # A file over 400 lines is a prompt to split it by concept, never to move code into a room named
 # for the overflow. One that is a single concept read as a whole is listed here, with its
 # ceiling and the reason; a function over 60 lines is always split.
@@ -43,6 +47,17 @@ def imported_modules(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
     return {n for n in names if n.startswith("octlm")}
+
+
+def wrong_imports(room: str, is_wrong: Callable[[str], bool]) -> dict[str, list[str]]:
+    """Per module under `room` (a path prefix), the octlm modules it imports that `is_wrong`."""
+    bad = {}
+    for name, text in sources().items():
+        if name.startswith(room):
+            wrong = sorted(m for m in imported_modules(ast.parse(text)) if is_wrong(m))
+            if wrong:
+                bad[name] = wrong
+    return bad
 
 
 def test_no_reexports_under_noqa_f401() -> None:
@@ -81,14 +96,15 @@ def test_no_function_is_over_60_lines() -> None:
 
 
 def test_train_imports_no_tool_no_loader_and_no_cli() -> None:
-    bad = {}
-    for name, text in sources().items():
-        if name.startswith("octlm/train/"):
-            used = imported_modules(ast.parse(text))
-            wrong = {m for m in used if m.startswith(("octlm.tools", "octlm.load", "octlm.cli"))}
-            if wrong:
-                bad[name] = sorted(wrong)
-    assert bad == {}
+    above = ("octlm.tools", "octlm.load", "octlm.cli")
+    assert wrong_imports("octlm/train/", lambda m: m.startswith(above)) == {}
+
+
+def test_the_tokenizer_imports_only_itself_and_the_base() -> None:
+    """`data/` opens tokenizers, so the tokenizer reads no dataset (a manifest's ids are
+    `octlm.data.dataset_tokenizer`'s), nor anything else above it."""
+    allowed = ("octlm.tokenizer.", *BASE)
+    assert wrong_imports("octlm/tokenizer/", lambda m: not m.startswith(allowed)) == {}
 
 
 def test_only_the_cli_and_the_tools_import_the_tools() -> None:

@@ -13,7 +13,7 @@ import torch
 
 from octlm.hashing import sha256_bytes, sha256_json
 from octlm.model import IGNORE_INDEX
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 
 @dataclass(frozen=True)

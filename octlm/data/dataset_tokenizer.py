@@ -15,8 +15,8 @@ from typing import Any
 
 from octlm.data.shards import MANIFEST_NAME, TOKENIZER_NAME, ShardDataset, load_manifest
 from octlm.hashing import file_sha256
-from octlm.hf_tokenizer import load_tokenizer
-from octlm.tokenizer import Specials, Tokenizer, octlm_specials
+from octlm.tokenizer.core import Specials, Tokenizer, octlm_specials
+from octlm.tokenizer.hf_folder import open_tokenizer
 
 
 def tokenizer_entry(tokenizer: Tokenizer) -> dict[str, Any]:
@@ -43,9 +43,9 @@ def dataset_tokenizer(dataset: ShardDataset) -> Tokenizer:
 
 def tokenizer_at(path: Path) -> Tokenizer:
     """A tokenizer.json given by path: a dataset's (its manifest's specials, when the manifest is
-    of this file) or any other (`hf_tokenizer`: the config files beside it)."""
+    of this file) or any other (`open_tokenizer`: the config files beside it)."""
     if path.name == TOKENIZER_NAME and (path.parent / MANIFEST_NAME).is_file():
         entry = load_manifest(path.parent)["tokenizer"]
         if entry["fingerprint"] == file_sha256(path):
             return Tokenizer.load(path, entry_specials(entry))
-    return load_tokenizer(path)
+    return open_tokenizer(path)

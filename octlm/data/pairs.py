@@ -36,8 +36,8 @@ from octlm.data.tables import ARROW, PARQUET, Column, read_columns
 from octlm.data.writer import IdsDigest
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
-from octlm.hf_tokenizer import load_tokenizer, tokenizer_json
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
+from octlm.tokenizer.hf_folder import open_tokenizer, tokenizer_json
 
 FORMAT = "prompt-completion"
 CHUNK_EXAMPLES = 2048
@@ -222,7 +222,7 @@ def prepare_pairs(cfg: PairsConfig) -> dict[str, Any]:
             f"--format {FORMAT} needs input files (the embedded corpus is plain text)",
             "pass JSON-lines files of prompt/completion pairs",
         )
-    tokenizer = load_tokenizer(cfg.tokenizer)  # a tokenizer.json, or an HF folder's
+    tokenizer = open_tokenizer(cfg.tokenizer)  # a tokenizer.json, or an HF folder's
     keys = KeyTable()
     for src in sources:  # pass 1: every id (and a full check of every line) before any writing
         for ex in read_examples(src, cfg.prompt_field, cfg.completion_field):

@@ -27,7 +27,6 @@ import numpy as np
 from tqdm.auto import tqdm  # a widget in Jupyter, the terminal bar elsewhere
 
 from octlm.data.dataset_tokenizer import tokenizer_entry
-from octlm.data.fastbpe import use_fast_path
 from octlm.data.folder import check_out, staged, write_manifest
 from octlm.data.pool import peak_rss_mb
 from octlm.data.scan import Scan, documents, find_ids, scan_corpus
@@ -44,8 +43,9 @@ from octlm.data.workers import ChunkEncoder, check_workers, default_workers
 from octlm.data.writer import SPOOL_NAME, SplitOut, Spool, write_splits
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
-from octlm.hf_tokenizer import load_tokenizer, tokenizer_json
-from octlm.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
+from octlm.tokenizer.core import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
+from octlm.tokenizer.fastbpe import use_fast_path
+from octlm.tokenizer.hf_folder import open_tokenizer, tokenizer_json
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 DEFAULT_TOKENIZER_MAX_CHARS = 2_000_000_000
@@ -68,7 +68,7 @@ class PrepareConfig:
     """How many documents validation holds out (by document, deterministic)."""
     tokenizer: Path | None = None
     """Use this tokenizer.json (or a Hugging Face folder holding one, its BOS/EOS/PAD from the
-    folder's config files: `octlm.hf_tokenizer`) instead of training one."""
+    folder's config files: `octlm.tokenizer.hf_folder`) instead of training one."""
     vocab_size: int = DEFAULT_VOCAB_SIZE
     """Vocabulary size when training a tokenizer."""
     tokenizer_max_chars: int = DEFAULT_TOKENIZER_MAX_CHARS
@@ -133,7 +133,7 @@ def prepare_with_stats(
     stats.seconds["scan"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if cfg.tokenizer is not None:
-        tokenizer = load_tokenizer(cfg.tokenizer)
+        tokenizer = open_tokenizer(cfg.tokenizer)
     else:
         tokenizer = _train_tokenizer(cfg, sources, plan, scan, progress)
     stats.seconds["tokenizer"] = time.perf_counter() - clock

@@ -10,11 +10,11 @@ import os
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer as HFTokenizer
+import tokenizers
 
-from octlm.data.fastbpe import DocumentEncoder
 from octlm.errors import DataError
-from octlm.tokenizer import Specials, Tokenizer
+from octlm.tokenizer.core import Specials, Tokenizer
+from octlm.tokenizer.fastbpe import DocumentEncoder
 
 _STATE: dict[str, Any] = {}
 
@@ -64,7 +64,7 @@ class ChunkEncoder:
 def init_worker(
     tokenizer_json: str, fingerprint: str, specials: dict[str, Any], fast: bool, dtype: str
 ) -> None:
-    hf = HFTokenizer.from_str(tokenizer_json)
+    hf = tokenizers.Tokenizer.from_str(tokenizer_json)
     tokenizer = Tokenizer(hf, fingerprint, Specials.from_dict(specials))
     _STATE["encoder"] = DocumentEncoder(tokenizer, fast=fast)
     _STATE["dtype"] = np.dtype(dtype)

@@ -19,7 +19,7 @@ from octlm.data.shards import TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
 from octlm.llama import hf_config, hf_state_dict
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 FORMATS = ("hf", "safetensors")
 SAFETENSORS_NAME = "model.safetensors"

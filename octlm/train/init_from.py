@@ -23,7 +23,7 @@ from octlm.hashing import file_sha256, weights_sha256
 from octlm.llama import model_config_from_hf, octlm_state_dict
 from octlm.model import GPT, PRESETS, ModelConfig
 from octlm.shape import SHAPE_KEYS
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from octlm.train import checkpoint as ckpt
 from octlm.train.resume import load_newest_valid
 

@@ -16,7 +16,7 @@ from octlm.data.packing import LOSS_MASK_VERSION
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
 from octlm.evaluate import ValidationSet
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from octlm.train.distributed import DistInfo
 
 

@@ -15,7 +15,7 @@ from octlm.data.packing import CONTEXT, START, TARGET, pack, waste_shares
 from octlm.data.pairs import Example, encode_examples
 from octlm.data.shards import TokenStream
 from octlm.model import GPT, IGNORE_INDEX, preset, segment_attention
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 TOKENIZER = Path(__file__).parents[1] / "golden" / "v1-micro" / "data" / "tokenizer.json"
 

@@ -20,7 +20,7 @@ from octlm.data.pairs import PairsConfig, prepare_pairs
 from octlm.data.shards import MASKED_MANIFEST_VERSION, ShardDataset
 from octlm.data.split import SplitRule
 from octlm.errors import DataError
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 TOKENIZER = Path(__file__).parents[1] / "golden" / "v1-micro" / "data" / "tokenizer.json"
 PAIRS = [

@@ -16,7 +16,7 @@ from octlm.data.shards import MANIFEST_NAME, ShardDataset, ShardWriter
 from octlm.data.split import SplitRule
 from octlm.errors import DataError, TokenizerError
 from octlm.hashing import file_sha256
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 VOCAB = 300
 CONTEXT = 16

@@ -25,7 +25,7 @@ from octlm.data.shards import (
 )
 from octlm.errors import DataError
 from octlm.hashing import file_sha256
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 
 @pytest.fixture(scope="module")

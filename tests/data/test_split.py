@@ -15,7 +15,7 @@ from octlm.data.shards import ShardDataset
 from octlm.data.split import CANDIDATE, VAL, KeyTable, SplitRule, plan_split, take_tokens
 from octlm.errors import DataError
 from octlm.hashing import sha256_json
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 
 def table(ids: list[str], chars: int = 10) -> KeyTable:

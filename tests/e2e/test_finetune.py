@@ -21,7 +21,7 @@ from octlm.data.shards import ShardDataset
 from octlm.evaluate import evaluate_split
 from octlm.load import load_model
 from octlm.runlog import read_log
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from tests.e2e.helpers import end_hash, octlm, steps_of
 from tests.shared import shared
 

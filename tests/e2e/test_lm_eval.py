@@ -23,7 +23,7 @@ import torch
 from octlm.data.corpus import Document
 from octlm.load import load_model, run_tokenizer
 from octlm.model import GPT
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 from tests.e2e.helpers import octlm
 

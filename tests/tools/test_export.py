@@ -24,7 +24,7 @@ from octlm.generate import generate
 from octlm.hashing import file_sha256, weights_sha256
 from octlm.load import load_model
 from octlm.model import GPT, ModelConfig
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
 
 # Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).

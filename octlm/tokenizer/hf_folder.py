@@ -32,12 +32,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer as HFTokenizer
+import tokenizers
 
 from octlm.errors import TokenizerError
 from octlm.fsutil import read_json_object
 from octlm.hashing import file_sha256
-from octlm.tokenizer import SPECIAL_TOKENS, Specials, Tokenizer, octlm_specials, read_tokenizer_json
+from octlm.tokenizer.core import (
+    SPECIAL_TOKENS,
+    Specials,
+    Tokenizer,
+    octlm_specials,
+    read_tokenizer_json,
+)
 
 TOKENIZER_JSON = "tokenizer.json"
 CONFIG_FILES = (
@@ -78,7 +84,7 @@ def _id_value(value: Any) -> int | None:
 
 
 def _role_id(
-    role: str, configs: dict[str, dict[str, Any]], hf: HFTokenizer, folder: Path
+    role: str, configs: dict[str, dict[str, Any]], hf: tokenizers.Tokenizer, folder: Path
 ) -> int | None:
     for name in CONFIG_FILES:
         config = configs.get(name)
@@ -102,7 +108,7 @@ def _role_id(
     return hf.token_to_id(SPECIAL_TOKENS[ROLES.index(role)])
 
 
-def _post_processor_adds(hf: HFTokenizer, bos: int) -> bool:
+def _post_processor_adds(hf: tokenizers.Tokenizer, bos: int) -> bool:
     """Whether tokenizer.json's post-processor starts a single text with token `bos`."""
     token = hf.id_to_token(bos)
     post = json.loads(hf.to_str()).get("post_processor") or {}
@@ -115,7 +121,7 @@ def _post_processor_adds(hf: HFTokenizer, bos: int) -> bool:
     return False
 
 
-def resolve_specials(hf: HFTokenizer, file: Path) -> Specials | None:
+def resolve_specials(hf: tokenizers.Tokenizer, file: Path) -> Specials | None:
     """The specials the config files beside `file` give `hf` (module docstring); None: octlm's
     own."""
     folder = file.parent
@@ -139,8 +145,10 @@ def resolve_specials(hf: HFTokenizer, file: Path) -> Specials | None:
     return Specials(bos=bos, eos=eos, pad=eos if pad is None else pad)
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer `--tokenizer PATH` names, with the specials its folder gives it."""
+def open_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer a path names (`--tokenizer PATH`): a tokenizer.json or a folder holding one,
+    with the specials its folder gives it (module docstring). A prepared dataset's own file takes
+    the ids its manifest records instead: `octlm.data.dataset_tokenizer.tokenizer_at`."""
     file = tokenizer_json(Path(path))
     hf = read_tokenizer_json(file)
     return Tokenizer(hf, file_sha256(file), resolve_specials(hf, file))

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from octlm.data.dataset_tokenizer import tokenizer_entry
-from octlm.data.fastbpe import DocumentEncoder
 from octlm.errors import TokenizerError
-from octlm.hf_tokenizer import load_tokenizer
-from octlm.tokenizer import OCTLM_SPECIALS, Specials
+from octlm.tokenizer.core import OCTLM_SPECIALS, Specials
+from octlm.tokenizer.fastbpe import DocumentEncoder
+from octlm.tokenizer.hf_folder import open_tokenizer
 from tests.hf_folders import VARIED, byte_level_folder, corpus_texts, llama_folder
 
 transformers = pytest.importorskip("transformers")
@@ -43,23 +43,23 @@ def copy_folder(src: Path, dst: Path, edit: dict[str, dict | None] | None = None
 
 
 def test_byte_level_specials_at_the_end_of_the_vocabulary(byte_level) -> None:
-    tok = load_tokenizer(byte_level / "tokenizer.json")
+    tok = open_tokenizer(byte_level / "tokenizer.json")
     eos = tok.hf.token_to_id("</s>")
     assert eos == tok.vocab_size - 1 and eos not in (0, 1, 2)
     # No post-processor: transformers adds no BOS, so documents start with none; no PAD: EOS.
     assert tok.specials == Specials(bos=None, eos=eos, pad=eos)
-    assert load_tokenizer(byte_level).specials == tok.specials  # the folder itself
+    assert open_tokenizer(byte_level).specials == tok.specials  # the folder itself
 
 
 def test_llama_specials(llama) -> None:
-    tok = load_tokenizer(llama)
+    tok = open_tokenizer(llama)
     assert tok.specials == Specials(bos=1, eos=2, pad=2)  # Llama has no PAD: EOS pads
 
 
 @pytest.mark.parametrize("kind", ["byte_level", "llama"])
 def test_document_framing_is_transformers_encoding_plus_eos(kind, request) -> None:
     folder = request.getfixturevalue(kind)
-    ours = load_tokenizer(folder)
+    ours = open_tokenizer(folder)
     theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
     for text in [VARIED, *corpus_texts(5, seed=1)]:
         assert ours.encode(text) == theirs(text).input_ids + [ours.eos_id]
@@ -72,7 +72,7 @@ def test_document_framing_is_transformers_encoding_plus_eos(kind, request) -> No
 def test_token_bytes_add_up_to_the_text(kind, prefix, request) -> None:
     """ByteLevel: one byte per character of a token; Metaspace: "▁" is one byte (so the one it
     prepends to a text counts one byte the text lacks), `<0xNN>` one byte, specials none."""
-    tok = load_tokenizer(request.getfixturevalue(kind))
+    tok = open_tokenizer(request.getfixturevalue(kind))
     texts = [VARIED, VARIED[::-1], "x", " leading space", *corpus_texts(3, seed=2)]
     for text in texts:
         ids = tok.encode(text)
@@ -88,14 +88,14 @@ def test_token_bytes_add_up_to_the_text(kind, prefix, request) -> None:
 def test_octlm_tokenizer_is_unchanged(tiny_tokenizer, tmp_path) -> None:
     path = tmp_path / "tokenizer.json"
     tiny_tokenizer.save(path)
-    tok = load_tokenizer(path)
+    tok = open_tokenizer(path)
     assert tok.specials == OCTLM_SPECIALS and tok.fingerprint == tiny_tokenizer.fingerprint
     assert "specials" not in tokenizer_entry(tok)  # old manifests, old fingerprints
     assert (tok.token_bytes_table == tiny_tokenizer.token_bytes_table).all()
     # An `octlm export` folder says add_bos_token false for transformers: still octlm's own.
     config = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "add_bos_token": False}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    assert load_tokenizer(tmp_path).specials == OCTLM_SPECIALS
+    assert open_tokenizer(tmp_path).specials == OCTLM_SPECIALS
 
 
 def test_special_tokens_map_wins_over_tokenizer_config(llama, tmp_path) -> None:
@@ -108,7 +108,7 @@ def test_special_tokens_map_wins_over_tokenizer_config(llama, tmp_path) -> None:
             "tokenizer_config.json": {**config, "add_bos_token": False},
         },
     )
-    assert load_tokenizer(folder).specials == Specials(bos=None, eos=0, pad=0)
+    assert open_tokenizer(folder).specials == Specials(bos=None, eos=0, pad=0)
 
 
 def test_model_config_ids_fill_the_gaps(byte_level, tmp_path) -> None:
@@ -123,19 +123,19 @@ def test_model_config_ids_fill_the_gaps(byte_level, tmp_path) -> None:
             "generation_config.json": {"eos_token_id": [300, 5], "pad_token_id": 9},
         },
     )
-    assert load_tokenizer(folder).specials == Specials(bos=None, eos=300, pad=7)
+    assert open_tokenizer(folder).specials == Specials(bos=None, eos=300, pad=7)
 
 
 def test_folder_without_tokenizer_json_is_refused(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}", encoding="utf-8")
     with pytest.raises(TokenizerError, match="holds no tokenizer.json"):
-        load_tokenizer(tmp_path)
+        open_tokenizer(tmp_path)
 
 
 def test_no_eos_is_refused(byte_level, tmp_path) -> None:
     folder = copy_folder(byte_level, tmp_path / "f", {"tokenizer_config.json": {}})
     with pytest.raises(TokenizerError, match="no EOS token .* tokenizer_config.json"):
-        load_tokenizer(folder / "tokenizer.json")
+        open_tokenizer(folder / "tokenizer.json")
 
 
 def test_a_token_the_tokenizer_lacks_is_refused(byte_level, tmp_path) -> None:
@@ -143,7 +143,7 @@ def test_a_token_the_tokenizer_lacks_is_refused(byte_level, tmp_path) -> None:
         byte_level, tmp_path / "f", {"tokenizer_config.json": {"eos_token": "<end>"}}
     )
     with pytest.raises(TokenizerError, match="eos_token .<end>., which tokenizer.json does not"):
-        load_tokenizer(folder)
+        open_tokenizer(folder)
 
 
 def test_an_id_outside_the_vocabulary_is_refused(byte_level, tmp_path) -> None:
@@ -153,7 +153,7 @@ def test_an_id_outside_the_vocabulary_is_refused(byte_level, tmp_path) -> None:
         {"tokenizer_config.json": {}, "config.json": {"eos_token_id": 10**6}},
     )
     with pytest.raises(TokenizerError, match="eos id 1000000 is outside"):
-        load_tokenizer(folder)
+        open_tokenizer(folder)
 
 
 @pytest.mark.parametrize("kind", ["byte_level", "byte_level_bare", "llama"])
@@ -166,7 +166,7 @@ def test_fast_encoder_matches_or_steps_aside(kind, byte_level, llama, tmp_path) 
         folder = copy_folder(
             byte_level, tmp_path / "f", {"tokenizer.json": {**spec, "post_processor": None}}
         )
-    tok = load_tokenizer(folder)
+    tok = open_tokenizer(folder)
     encoder = DocumentEncoder(tok)
     texts = [VARIED, *corpus_texts(20, seed=3)]
     got = [ids.tolist() for ids in encoder.encode_batch(texts)]

@@ -2,7 +2,7 @@
 
 octlm trains byte-level BPE with its three special tokens `<|bos|>`, `<|eos|>`, `<|pad|>` (ids
 0-2); a Hugging Face tokenizer has its own, found in its folder's config files
-(`octlm.hf_tokenizer`) and handed in as `Specials`. User text is never parsed for special
+(`octlm.tokenizer.hf_folder`) and handed in as `Specials`. User text is never parsed for special
 tokens: a literal "<|eos|>" (or "</s>") inside a document is encoded as ordinary text, so only
 `encode(..., add_special_tokens=True)` can emit BOS/EOS. The saved file is a standard
 `tokenizer.json`; `fingerprint` is the sha256 of its bytes.
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer as HFTokenizer
+import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from octlm.errors import TokenizerError
 from octlm.hashing import file_sha256, sha256_bytes
-from octlm.token_bytes import token_bytes_table
+from octlm.tokenizer.token_bytes import token_bytes_table
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 SPECIAL_TOKENS = (BOS, EOS, PAD)  # ids 0, 1, 2 in every octlm tokenizer
@@ -52,7 +52,7 @@ class Specials:
 OCTLM_SPECIALS = Specials(bos=0, eos=1, pad=2)
 
 
-def octlm_specials(hf: HFTokenizer) -> Specials | None:
+def octlm_specials(hf: tokenizers.Tokenizer) -> Specials | None:
     """The ids of `<|bos|>`, `<|eos|>`, `<|pad|>` in `hf`; None if one is missing."""
     bos, eos, pad = (hf.token_to_id(t) for t in SPECIAL_TOKENS)
     return None if None in (bos, eos, pad) else Specials(bos=bos, eos=eos, pad=pad)
@@ -61,7 +61,9 @@ def octlm_specials(hf: HFTokenizer) -> Specials | None:
 class Tokenizer:
     """A trained tokenizer plus the per-token byte lengths that bits-per-byte needs."""
 
-    def __init__(self, hf: HFTokenizer, fingerprint: str, specials: Specials | None = None) -> None:
+    def __init__(
+        self, hf: tokenizers.Tokenizer, fingerprint: str, specials: Specials | None = None
+    ) -> None:
         """`specials` None: octlm's own special tokens, wherever they are (ids 0-2 when octlm
         trained it)."""
         if specials is None:
@@ -94,7 +96,7 @@ class Tokenizer:
     def train(cls, texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
         """Train on `texts` (deterministic: same texts in the same order -> same file)."""
         check_vocab_size(vocab_size)
-        hf = HFTokenizer(models.BPE())
+        hf = tokenizers.Tokenizer(models.BPE())
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
@@ -157,18 +159,18 @@ class Tokenizer:
         return self._hf.id_to_token(token_id)
 
     @property
-    def hf(self) -> HFTokenizer:
-        """The HF tokenizer inside, to read its settings (octlm.data.fastbpe); never change it."""
+    def hf(self) -> tokenizers.Tokenizer:
+        """The HF tokenizer inside, to read its settings (`fastbpe`); never change it."""
         return self._hf
 
 
-def read_tokenizer_json(path: str | Path) -> HFTokenizer:
+def read_tokenizer_json(path: str | Path) -> tokenizers.Tokenizer:
     """The HF tokenizer in a tokenizer.json file; a missing or bad file is a one-line error."""
     path = Path(path)
     if not path.is_file():
         raise TokenizerError(f"tokenizer file not found: {path}", "check the path")
     try:
-        return HFTokenizer.from_file(str(path))
+        return tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust side raises a bare Exception on bad JSON
         raise TokenizerError(
             f"{path} is not a tokenizer.json ({str(exc).splitlines()[0]})",

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tokenizers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from octlm.data.corpus import read_documents, split_documents
-from octlm.data.fastbpe import ENCODER_ENV, DocumentEncoder, Splitter, use_fast_path
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.errors import DataError
-from octlm.tokenizer import SPECIAL_TOKENS, Tokenizer
+from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
+from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder, Splitter, use_fast_path
 
 GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PROPERTY = settings(
@@ -85,7 +85,7 @@ def crafted(tmp_path_factory) -> Path:
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *alphabet, "bc", "ab", "abc"])}
     bpe = models.BPE(vocab=vocab, merges=[("b", "c"), ("a", "b"), ("ab", "c")])
-    hf = HFTokenizer(bpe)
+    hf = tokenizers.Tokenizer(bpe)
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens(list(SPECIAL_TOKENS))
@@ -176,25 +176,25 @@ def test_encoder_setting_is_auto_hf_or_an_error(monkeypatch):
 
 
 # -- tokenizers of another shape use HF throughout ------------------------------------------------
-def lowercase(hf: HFTokenizer) -> None:
+def lowercase(hf: tokenizers.Tokenizer) -> None:
     hf.normalizer = normalizers.Lowercase()
 
 
-def prefix_space(hf: HFTokenizer) -> None:
+def prefix_space(hf: tokenizers.Tokenizer) -> None:
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
 
 
-def added_word(hf: HFTokenizer) -> None:
+def added_word(hf: tokenizers.Tokenizer) -> None:
     hf.add_tokens(["winter"])  # not special: HF cuts it out of the text before splitting
 
 
-def truncating(hf: HFTokenizer) -> None:
+def truncating(hf: tokenizers.Tokenizer) -> None:
     hf.enable_truncation(max_length=5)
 
 
 @pytest.mark.parametrize("change", [lowercase, prefix_space, added_word, truncating])
 def test_a_tokenizer_of_another_shape_is_encoded_by_hf(tmp_path, tiny_tokenizer, change):
-    hf = HFTokenizer.from_str(tiny_tokenizer.hf.to_str())
+    hf = tokenizers.Tokenizer.from_str(tiny_tokenizer.hf.to_str())
     change(hf)
     hf.save(str(tmp_path / "tokenizer.json"))
     tokenizer = Tokenizer.load(tmp_path / "tokenizer.json")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from octlm.errors import TokenizerError
 from octlm.hashing import file_sha256
-from octlm.tokenizer import BOS, EOS, MIN_VOCAB_SIZE, PAD, SPECIAL_TOKENS, Tokenizer
+from octlm.tokenizer.core import BOS, EOS, MIN_VOCAB_SIZE, PAD, SPECIAL_TOKENS, Tokenizer
 
 SPECIAL_IDS = {0, 1, 2}
 # Fixtures are session-scoped, so hypothesis may reuse them across examples.

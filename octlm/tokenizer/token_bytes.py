@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer as HFTokenizer
+import tokenizers
 from tokenizers import pre_tokenizers
 
 METASPACE = "\u2581"
@@ -39,7 +39,7 @@ def _types(node: Any) -> set[str]:
     return set()
 
 
-def token_bytes_table(hf: HFTokenizer, special_ids: Iterable[int]) -> np.ndarray:
+def token_bytes_table(hf: tokenizers.Tokenizer, special_ids: Iterable[int]) -> np.ndarray:
     """int32 array of vocab size: the UTF-8 bytes each token id decodes to (0 for specials)."""
     spec = json.loads(hf.to_str())
     byte_level = "ByteLevel" in _types(spec.get("decoder")) | _types(spec.get("pre_tokenizer"))

@@ -34,11 +34,11 @@ from itertools import accumulate, chain
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer as HFTokenizer
+import tokenizers
 from tokenizers import models, pre_tokenizers, processors
 
 from octlm.errors import DataError
-from octlm.tokenizer import Tokenizer
+from octlm.tokenizer.core import Tokenizer
 
 ENCODER_ENV = "OCTLM_ENCODER"
 """`OCTLM_ENCODER=hf` encodes every document with HF's encode_batch (the reference path)."""
@@ -65,7 +65,7 @@ def use_fast_path() -> bool:
     return value != "hf"
 
 
-def unsupported(hf: HFTokenizer) -> str | None:
+def unsupported(hf: tokenizers.Tokenizer) -> str | None:
     """Why this tokenizer's ids may not be "split, then BPE each piece alone"; None if they are."""
     pre, post = hf.pre_tokenizer, hf.post_processor
     if hf.normalizer is not None:
@@ -177,7 +177,7 @@ class DocumentEncoder:
             self.hf_because = "HF's pre-tokenizer does not split like the GPT-2 pattern"
             return
         # The same model, fed one piece at a time: bytes mapped, no split.
-        self._model = HFTokenizer.from_str(tokenizer.hf.to_str())
+        self._model = tokenizers.Tokenizer.from_str(tokenizer.hf.to_str())
         self._model.pre_tokenizer = pre_tokenizers.ByteLevel(
             add_prefix_space=False, use_regex=False
         )
