@@ -53,12 +53,11 @@ from octlm.hashing import weights_sha256
 from octlm.model import GPT, preset
 from octlm.runlog import read_log
 from octlm.train import checkpoint as ckpt
-from octlm.train.loop import train
+from octlm.train.loop import advance, train
 from octlm.train.optim import build_optimizer
 from octlm.train.run import Run, build_run
 from octlm.train.saver import BackgroundSaver
 from octlm.train.state import rng_state_dict
-from octlm.train.step import advance
 
 if not __package__:  # run as `python bench/checkpoint_io.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

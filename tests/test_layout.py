@@ -143,3 +143,33 @@ def test_the_data_commands_start_without_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each package module -> the package modules it imports (lazy and type-only included)."""
+    names = {n.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for n in sources()}
+    graph: dict[str, set[str]] = {}
+    for name, text in sources().items():
+        module = name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        graph[module] = {m for m in imported_modules(ast.parse(text)) if m in names} - {module}
+    return graph
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    """A circle, even a lazy or type-only one, means two modules share one concept."""
+    graph, cycles = module_graph(), []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in seen:
+                seen.add(nxt)
+                visit(nxt, [*path, nxt])
+
+    seen: set[str] = set()
+    for start in sorted(graph):
+        if start not in seen:
+            seen.add(start)
+            visit(start, [start])
+    assert cycles == []

@@ -54,7 +54,7 @@ def as_float32(value: float) -> float:
 def expected_scalars(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     """What TensorBoard should show of a log: every number of its step and val records, at
     the record's step, as float32 (what an event file stores)."""
-    from octlm.trackers.sinks import numbers
+    from octlm.trackers.records import numbers
 
     series: dict[str, list[tuple[int, float]]] = {}
     for record in records:
@@ -125,7 +125,7 @@ def wandb_numbers(rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, float
 
 
 def log_numbers(records: list[dict[str, Any]]) -> list[tuple[int, dict[str, float]]]:
-    from octlm.trackers.sinks import numbers
+    from octlm.trackers.records import numbers
 
     return [(r["step"], numbers(r)) for r in records if r["type"] in ("step", "val")]
 

@@ -1,5 +1,5 @@
-"""What every tracker shares: parsing `--log-to`, the numbers a record carries, and the
-guard that turns a tracker's failure into one warning.
+"""The trackers a run feeds: parsing `--log-to`, the check that their libraries are installed,
+the factory, and the guard that turns a tracker's failure into one warning.
 
 A sink sees each record `RunLog` writes, after it is on disk, and nothing else: the log stays
 the source of truth, and a tracker can only ever show less than it, never something else.
@@ -15,8 +15,6 @@ from typing import Any
 from octlm.extras import require
 from octlm.runlog import Sink
 
-_NONFINITE = {"nan", "inf", "-inf"}  # how RunLog writes non-finite floats (JSON has none)
-
 
 def parse_trackers(log_to: str | None) -> tuple[str, ...]:
     """`"tensorboard,wandb"` -> its names (unknown ones are for the config's check to refuse)."""
@@ -29,27 +27,6 @@ def check_installed(names: Sequence[str]) -> None:
     the start of a run rather than after its first step."""
     for name in names:
         require(name, f"--log-to {name}")
-
-
-def numbers(record: dict[str, Any]) -> dict[str, float]:
-    """A step or val record's numeric fields (but its step) as `train/KEY` or `val/KEY`: what is
-    logged is what is charted, so a field the log gains (memory, say) is charted with no change
-    here. Non-finite values, written as strings in the log, are numbers again."""
-    group = "val" if record["type"] == "val" else "train"
-    out: dict[str, float] = {}
-    for key, value in record.items():
-        if key in ("type", "step") or isinstance(value, bool):
-            continue
-        if isinstance(value, str) and value in _NONFINITE:
-            value = float(value)
-        if isinstance(value, int | float):
-            out[f"{group}/{key.removeprefix('val_')}"] = float(value)
-    return out
-
-
-def hparams(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as flat hyperparameters: trackers take numbers, strings and bools, not None."""
-    return {k: ("" if v is None else v) for k, v in config.items()}
 
 
 class Guarded:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm.extras import require
-from octlm.trackers.sinks import hparams, numbers
+from octlm.trackers.records import hparams, numbers
 
 
 class TensorBoardSink:

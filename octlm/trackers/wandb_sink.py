@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm.extras import require
-from octlm.trackers.sinks import hparams, numbers
+from octlm.trackers.records import hparams, numbers
 
 ID_FILE = "wandb_id"
 

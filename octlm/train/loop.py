@@ -13,7 +13,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # tqdm.auto: a widget in Jupyter (plain tqdm writes text into the cell), the usual bar elsewhere.
@@ -31,7 +31,8 @@ from octlm.train import checkpoint as ckpt
 from octlm.train.distributed import agree_max, peer_failure, shutdown
 from octlm.train.guards import TOKEN_NAME, RunLock, StopFlag, has_run
 from octlm.train.run import Run, build_run, resume
-from octlm.train.step import NonFiniteError, StepResult, advance
+from octlm.train.schedule import learning_rate
+from octlm.train.step import NonFiniteError, StepResult, train_step
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,27 @@ class Progress:
             self.bar.write(
                 f"step {step}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}"
             )
+
+
+def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResult:
+    """One optimizer step of `run`: the schedule's lr, the step's micro-batches, `train_step`,
+    then the counters (`digesting`: with the gradients' digests). The lr and the data are pure
+    functions of the step, so a resumed run draws exactly what the straight run drew. Raises
+    NonFiniteError (counters unchanged)."""
+    cfg, state = run.cfg, run.state
+    s = state.step
+    lr = learning_rate(s, cfg)
+    t0 = time.perf_counter()
+    batches = [run.sampler.batch(s, m) for m in range(cfg.accum)]
+    # The noise scale needs per-micro-batch gradients, which are per-rank under DDP: it is
+    # measured at validations, with accumulation, in one process only.
+    measure = validating and cfg.accum > 1 and not run.dist.enabled
+    result = train_step(
+        run.setup, run.optimizer, batches, lr=lr, measure_noise=measure, digest_grads=digesting
+    )
+    dt = time.perf_counter() - t0
+    state.advance(run.tokens_per_step, result.skipped)
+    return replace(result, lr=lr, dt=dt, epoch=run.sampler.epoch(s))
 
 
 def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:

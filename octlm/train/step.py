@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -22,13 +20,9 @@ from octlm.hashing import tensor_digests
 from octlm.model import IGNORE_INDEX
 from octlm.train.noise import MicroGradTracker, simple_noise_scale
 from octlm.train.optim import clip_grad_norm, set_lr
-from octlm.train.schedule import learning_rate
 
 Batch = tuple[torch.Tensor, ...]
 """(inputs, targets) or, for packed examples, (inputs, targets, segments): CPU tensors (B, T)."""
-
-if TYPE_CHECKING:
-    from octlm.train.run import Run
 
 
 @dataclass(frozen=True)
@@ -179,24 +173,3 @@ def _backward(
         if tracker is not None:
             tracker.after_micro(micro_targets[micro])
     return loss_total
-
-
-def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResult:
-    """One optimizer step of `run`: the schedule's lr, the step's micro-batches, `train_step`,
-    then the counters (`digesting`: with the gradients' digests). The lr and the data are pure
-    functions of the step, so a resumed run draws exactly what the straight run drew. Raises
-    NonFiniteError (counters unchanged)."""
-    cfg, state = run.cfg, run.state
-    s = state.step
-    lr = learning_rate(s, cfg)
-    t0 = time.perf_counter()
-    batches = [run.sampler.batch(s, m) for m in range(cfg.accum)]
-    # The noise scale needs per-micro-batch gradients, which are per-rank under DDP: it is
-    # measured at validations, with accumulation, in one process only.
-    measure = validating and cfg.accum > 1 and not run.dist.enabled
-    result = train_step(
-        run.setup, run.optimizer, batches, lr=lr, measure_noise=measure, digest_grads=digesting
-    )
-    dt = time.perf_counter() - t0
-    state.advance(run.tokens_per_step, result.skipped)
-    return replace(result, lr=lr, dt=dt, epoch=run.sampler.epoch(s))

@@ -40,9 +40,9 @@ from octlm.train.checkpoint import (
     unflatten,
     unpack,
 )
+from octlm.train.loop import advance as advance_one
 from octlm.train.run import Run, build_run, resume
 from octlm.train.state import TrainState, load_rng_state_dict, rng_state_dict
-from octlm.train.step import advance as advance_one
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
