@@ -46,13 +46,7 @@ from octlm.train.distributed import (
     wrap_model,
 )
 from octlm.train.init_from import InitPlan, load_into, plan_init
-from octlm.train.inputs import (
-    build_sampler,
-    packed_windows,
-    packing_record,
-    train_blocks,
-    validation_set,
-)
+from octlm.train.inputs import build_sampler, packing_record, validation_set, windows
 from octlm.train.optim import build_optimizer, param_names
 from octlm.train.resume_plan import plan_resume
 from octlm.train.saver import BackgroundSaver
@@ -274,11 +268,7 @@ def build_run(cfg: TrainConfig) -> Run:
         world=dist.world,
         reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
     )
-    blocks = train_blocks(cfg, tokenizer)
-    packed = packed_windows(cfg, dataset)
-    data_fingerprint = (
-        dataset.fingerprint if blocks is None else blocks.fingerprint(tokenizer.fingerprint)
-    )
+    train, val = windows(cfg, dataset, tokenizer, "train"), windows(cfg, dataset, tokenizer, "val")
     return Run(
         cfg=cfg,
         dist=dist,
@@ -291,18 +281,18 @@ def build_run(cfg: TrainConfig) -> Run:
         wrapped=wrapped,
         optimizer=optimizer,
         scaler=scaler,
-        sampler=build_sampler(cfg, dataset, blocks, dist, packed),
-        val=validation_set(cfg, dataset, blocks, tokenizer, packed),
+        sampler=build_sampler(cfg, train, dist),
+        val=validation_set(cfg, train, val, tokenizer),
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),
-            "data": data_fingerprint,
+            "data": train.fingerprint,  # the windows' data: a --blocks text, else the dataset
             "tokenizer": tokenizer.fingerprint,
         },
         saver=BackgroundSaver(cfg.async_checkpoint),
         notes=notes,
         init_from=init.record if init else None,
-        packing=packing_record(packed),
+        packing=packing_record(train, val),
     )
 
 
