@@ -37,6 +37,7 @@ from octlm.data.corpus import read_documents
 from octlm.data.order import Sampler
 from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
+from octlm.data.windows import StreamWindows
 from octlm.model import GPT, preset
 from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
 from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder
@@ -189,7 +190,11 @@ def main() -> None:
     ds = ShardDataset.open(data)
     vocab = ds.manifest["tokenizer"]["vocab_size"]
     sampler = Sampler(
-        ds.train, seed=1337, context=args.context, micro_batch=args.micro_batch, accum=args.accum
+        StreamWindows(ds.train, args.context, 1, ds.fingerprint),  # the random order's windows
+        seed=1337,
+        context=args.context,
+        micro_batch=args.micro_batch,
+        accum=args.accum,
     )
     torch.manual_seed(0)
     model = GPT(preset("small", vocab_size=vocab, context=args.context))

@@ -15,10 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from octlm.data.blocks import TokenBlocks
-from octlm.data.order import validation_starts, windows
 from octlm.data.packed import PackedWindows
-from octlm.data.shards import ShardDataset, TokenStream
+from octlm.data.shards import ShardDataset
+from octlm.data.windows import Batch, StreamWindows, Windows, first_windows
 from octlm.device import autocast
 from octlm.model import GPT, IGNORE_INDEX
 
@@ -32,69 +31,21 @@ class EvalResult:
     bytes: int
 
 
-def stream_batches(
-    stream: TokenStream, starts: np.ndarray, context: int, micro_batch: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(inputs, targets) of the windows starting at `starts`, `micro_batch` at a time."""
-    for i in range(0, len(starts), micro_batch):
-        block = windows(stream, starts[i : i + micro_batch], context + 1)
-        yield block[:, :-1], block[:, 1:]
-
-
-def packed_batches(
-    packed: PackedWindows, ks: np.ndarray, micro_batch: int
-) -> Iterator[tuple[torch.Tensor, ...]]:
-    """(inputs, targets, segments) of packed windows `ks`, `micro_batch` at a time."""
-    for i in range(0, len(ks), micro_batch):
-        yield packed.batch(ks[i : i + micro_batch])
-
-
-def block_batches(
-    blocks: TokenBlocks, micro_batch: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for i in range(0, len(blocks), micro_batch):
-        yield blocks.inputs[i : i + micro_batch], blocks.targets[i : i + micro_batch]
-
-
-def evaluate(
-    model: nn.Module,
-    stream: TokenStream,
-    starts: np.ndarray,
-    *,
-    context: int,
-    micro_batch: int,
-    token_bytes: np.ndarray,
-    device: torch.device,
-    dtype: str = "fp32",
-) -> EvalResult:
-    """Mean loss over the windows starting at `starts` (each context + 1 tokens)."""
-    batches = stream_batches(stream, starts, context, micro_batch)
-    return evaluate_batches(model, batches, token_bytes=token_bytes, device=device, dtype=dtype)
-
-
 @dataclass(frozen=True)
 class ValidationSet:
-    """The fixed windows a run validates on: the validation stream's first non-overlapping
-    windows, the memorised blocks of an overfit run, or the in-memory blocks themselves."""
+    """The fixed windows a run validates on: `indices` into `windows` (the validation split's
+    first windows, the memorised windows of an overfit run, or the in-memory blocks)."""
 
-    context: int
+    windows: Windows
+    indices: np.ndarray
     micro_batch: int
     token_bytes: np.ndarray
-    stream: TokenStream | None = None
-    starts: np.ndarray | None = None
-    blocks: TokenBlocks | None = None
-    packed: PackedWindows | None = None
-    """Packed prompt/completion windows: `starts` then numbers the windows to score."""
 
-    def batches(self, rank: int = 0, world: int = 1) -> Iterator[tuple[torch.Tensor, ...]]:
-        """This rank's share: every world-th window (or block), from the rank-th."""
-        if self.packed is not None:
-            assert self.starts is not None
-            return packed_batches(self.packed, self.starts[rank::world], self.micro_batch)
-        if self.blocks is not None:
-            return block_batches(self.blocks.shard(rank, world), self.micro_batch)
-        assert self.stream is not None and self.starts is not None
-        return stream_batches(self.stream, self.starts[rank::world], self.context, self.micro_batch)
+    def batches(self, rank: int = 0, world: int = 1) -> Iterator[Batch]:
+        """This rank's share: every world-th window, from the rank-th, `micro_batch` at a time."""
+        share = self.indices[rank::world]
+        for i in range(0, len(share), self.micro_batch):
+            yield self.windows.batch(share[i : i + self.micro_batch])
 
 
 def validate(
@@ -131,38 +82,21 @@ def evaluate_split(
     """`octlm eval`: the first `batches` micro-batches of non-overlapping windows of a split
     (0: the whole split), at the model's context, on the model's device."""
     context = model.config.context
-    stream = dataset.val if split == "val" else dataset.train
-    device = next(model.parameters()).device
+    windows: Windows
     if dataset.masked:  # prompt/completion: the split's packed windows, prompts unscored
-        mask = dataset.val_mask if split == "val" else dataset.train_mask
-        assert mask is not None
-        packed = PackedWindows.build(stream, mask, context)
-        n = min(batches * micro_batch, len(packed)) if batches else len(packed)
-        return evaluate_batches(
-            model,
-            packed_batches(packed, np.arange(n), micro_batch),
-            token_bytes=token_bytes,
-            device=device,
-            dtype=dtype,
-        )
-    n = batches * micro_batch if batches else len(stream)
-    starts = validation_starts(len(stream), context, n)
-    return evaluate(
-        model,
-        stream,
-        np.asarray(starts),
-        context=context,
-        micro_batch=micro_batch,
-        token_bytes=token_bytes,
-        device=device,
-        dtype=dtype,
-    )
+        windows = PackedWindows.of_split(dataset, split, context)
+    else:  # disjoint targets: window j starts at token j * context
+        stream = dataset.val if split == "val" else dataset.train
+        windows = StreamWindows(stream, context, context, dataset.fingerprint)
+    n = batches * micro_batch if batches else len(windows)
+    val = ValidationSet(windows, first_windows(windows, n), micro_batch, token_bytes)
+    return validate(model, val, device=next(model.parameters()).device, dtype=dtype)
 
 
 @torch.no_grad()
 def evaluate_batches(
     model: nn.Module,
-    batches: Iterable[tuple[torch.Tensor, ...]],
+    batches: Iterable[Batch],
     *,
     token_bytes: np.ndarray,
     device: torch.device,

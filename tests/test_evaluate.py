@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from octlm.data.order import validation_starts
 from octlm.data.shards import ShardDataset, TokenStream
-from octlm.evaluate import evaluate
+from octlm.data.windows import StreamWindows, first_windows
+from octlm.evaluate import ValidationSet, validate
 from octlm.model import GPT, preset
 from octlm.tokenizer.core import Tokenizer
 
@@ -44,22 +44,19 @@ def val_data(tiny_dataset) -> tuple[TokenStream, Tokenizer, np.ndarray]:
     dataset = ShardDataset.open(tiny_dataset)
     tokenizer = Tokenizer.load(dataset.tokenizer_path)  # the tokenizer the shards were cut with
     assert tokenizer.vocab_size == 512
-    starts = validation_starts(len(dataset.val), CONTEXT, 10)
+    windows = StreamWindows(dataset.val, CONTEXT, CONTEXT, dataset.fingerprint)
+    starts = first_windows(windows, 10) * windows.stride
     assert len(starts) == 10
     return dataset.val, tokenizer, starts
 
 
 def run_eval(model, stream, tokenizer, starts, micro_batch: int = 4, dtype: str = "fp32"):
-    return evaluate(
-        model,
-        stream,
-        starts,
-        context=CONTEXT,
-        micro_batch=micro_batch,
-        token_bytes=tokenizer.token_bytes_table,
-        device=CPU,
-        dtype=dtype,
-    )
+    """Score the windows of CONTEXT + 1 tokens at `starts` (multiples of CONTEXT)."""
+    windows = StreamWindows(stream, CONTEXT, CONTEXT, "")
+    indices = np.asarray(starts, dtype=np.int64) // CONTEXT
+    assert np.array_equal(indices * CONTEXT, starts)
+    val = ValidationSet(windows, indices, micro_batch, tokenizer.token_bytes_table)
+    return validate(model, val, device=CPU, dtype=dtype)
 
 
 def by_hand(

@@ -1,10 +1,11 @@
 """Data order as a pure function of (seed, step): a resume seeks in O(1), with no replay.
 
-Optimizer step `s` reads G = `micro_batch * accum * world` windows of T + 1 tokens. With order
-"random", their starts are drawn by a PCG64 generator seeded with (seed, s); with "epoch", they
-are the aligned blocks of global samples s * G .. s * G + G - 1 (`octlm.data.epoch`: every
-block once per epoch). Rank r's micro-batch m is a fixed slice of the step's G, so the set of
-windows a step sees does not depend on the world size.
+Optimizer step `s` reads G = `micro_batch * accum * world` windows of T + 1 tokens, named by
+their indices into the run's `Windows` (`octlm.data.windows`). With order "random", the indices
+are drawn by a PCG64 generator seeded with (seed, s); with "epoch", they are the windows of
+global samples s * G .. s * G + G - 1 (`octlm.data.epoch`: every window once per epoch). Rank
+r's micro-batch m is a fixed slice of the step's G, so the set of windows a step sees does not
+depend on the world size.
 """
 
 from __future__ import annotations
@@ -12,14 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from octlm.config import ORDERS
-from octlm.data.blocks import TokenBlocks
 from octlm.data.epoch import sample_blocks
-from octlm.data.packed import PackedWindows
-from octlm.data.packing import PACKING
-from octlm.data.shards import TokenStream
+from octlm.data.windows import Batch, Windows
 
 
 def step_generator(seed: int, step: int) -> np.random.Generator:
@@ -28,6 +25,8 @@ def step_generator(seed: int, step: int) -> np.random.Generator:
 
 def step_starts(seed: int, step: int, n_windows: int, n_positions: int) -> np.ndarray:
     """The `n_windows` start indices (in [0, n_positions)) of optimizer step `step`."""
+    # A fresh generator keyed by (seed, step), never carried from step to step: a resume at
+    # step s draws what a straight run draws there, with nothing to replay.
     return step_generator(seed, step).integers(0, n_positions, size=n_windows, dtype=np.int64)
 
 
@@ -43,29 +42,26 @@ def micro_batch_starts(
     world: int = 1,
 ) -> np.ndarray:
     """Window starts of micro-batch `micro` on `rank`: slice (micro * world + rank) of the step."""
+    # One draw of the whole step, sliced: the slices tile the same G indices for any world.
     starts = step_starts(seed, step, micro_batch * accum * world, n_positions)
     first = (micro * world + rank) * micro_batch
     return starts[first : first + micro_batch]
 
 
-def windows(stream: TokenStream, starts: np.ndarray, length: int) -> torch.Tensor:
-    """Stack the windows [start, start + length) as an int64 tensor (B, length)."""
-    return torch.from_numpy(np.stack([stream.window(int(s), length) for s in starts]))
-
-
 class Sampler:
-    """Training micro-batches of one run: stateless reads of a memmapped stream.
+    """Training micro-batches of one run: which windows each (step, micro-batch, rank) reads.
 
-    Order "random" draws windows at any offset; "epoch" draws each of the stream's aligned
-    T + 1 blocks once per epoch (`n_positions` is then the block count). `overfit_blocks > 0`
-    restricts either order to the first N aligned blocks (the first seed's memorisation
-    experiment); in-memory `TokenBlocks`, and the windows of packed prompt/completion examples
-    (`PackedWindows`), are blocks already, for either order.
+    The sampler draws indices into its `Windows` (`octlm.data.windows`), which turn them into
+    tokens: which windows exist (every offset of a stream, its aligned blocks, in-memory
+    blocks, packed examples) is theirs, the order of the draws is the sampler's. Order "random"
+    draws indices afresh each step; "epoch" reads each index once per epoch.
+    `overfit_blocks > 0` restricts either order to the first N windows (the first seed's
+    memorisation experiment).
     """
 
     def __init__(
         self,
-        stream: TokenStream | TokenBlocks | PackedWindows,
+        windows: Windows,
         *,
         seed: int,
         context: int,
@@ -78,24 +74,15 @@ class Sampler:
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"data order {order!r} is unknown (use one of {ORDERS})")
-        self.stream, self.seed, self.context, self.order = stream, seed, context, order
+        if windows.width != context:
+            raise ValueError(f"windows of {windows.width} tokens, not {context}")
+        self.windows, self.seed, self.context, self.order = windows, seed, context, order
         self.micro_batch, self.accum, self.rank, self.world = micro_batch, accum, rank, world
-        if isinstance(stream, (TokenBlocks, PackedWindows)):  # draw whole blocks / windows
-            width = stream.inputs.shape[1] if isinstance(stream, TokenBlocks) else stream.context
-            if width != context:
-                raise ValueError(f"blocks of {width} tokens, not {context}")
-            self.block_stride = 1
-            self.n_positions = min(overfit_blocks or len(stream), len(stream))
-            return
-        aligned = bool(overfit_blocks) or order == "epoch"
-        self.block_stride = context + 1 if aligned else 1
-        # A window needs T + 1 tokens: any offset but the last T, or whole blocks only.
-        whole = len(stream) // (context + 1) if order == "epoch" else len(stream) - context
-        self.n_positions = overfit_blocks or whole
-        # The last window starts at (n_positions - 1) * block_stride and reads context + 1 tokens.
-        last_end = (self.n_positions - 1) * self.block_stride + context + 1
-        if self.n_positions < 1 or last_end > len(stream):
-            raise ValueError(f"stream of {len(stream)} tokens is too short for context {context}")
+        # The number of indices the draws range over: a sampler state records it, and a
+        # resume refuses another (the same draws would read other windows).
+        self.n_positions = min(overfit_blocks or len(windows), len(windows))
+        if self.n_positions < 1:
+            raise ValueError(f"no window of {context} tokens to draw: the data is too short")
 
     @property
     def global_batch(self) -> int:
@@ -103,7 +90,7 @@ class Sampler:
         return self.micro_batch * self.accum * self.world
 
     def indices(self, step: int, micro: int) -> np.ndarray:
-        """Positions (window starts, or block numbers) of micro-batch `micro` on this rank."""
+        """The window indices of micro-batch `micro` on this rank (int64, in [0, n_positions))."""
         if self.order == "random":
             return micro_batch_starts(
                 self.seed,
@@ -118,17 +105,12 @@ class Sampler:
         first = step * self.global_batch + (micro * self.world + self.rank) * self.micro_batch
         return sample_blocks(self.seed, first, self.micro_batch, self.n_positions)
 
-    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
+    def batch(self, step: int, micro: int) -> Batch:
         """(inputs, targets), each (micro_batch, context) int64, of micro-batch `micro`; packed
         examples add their segments (`octlm.data.packing`)."""
-        starts = self.indices(step, micro) * self.block_stride
-        if isinstance(self.stream, PackedWindows):
-            return self.stream.batch(starts)
-        if isinstance(self.stream, TokenBlocks):
-            index = torch.from_numpy(starts)
-            return self.stream.inputs[index], self.stream.targets[index]
-        block = windows(self.stream, starts, self.context + 1)
-        return block[:, :-1], block[:, 1:]
+        # Row i is window indices[i]: the draw's order is the batch's order, and the windows
+        # map an index to the same tensors every time, so (seed, step, rank) fixes the bits.
+        return self.windows.batch(self.indices(step, micro))
 
     def epoch(self, step: int) -> int | None:
         """The epoch of step `step`'s first sample with order "epoch" (a step may end in the
@@ -159,15 +141,10 @@ class Sampler:
                 "epoch": sample // self.n_positions,
                 "block": int(sample_blocks(self.seed, sample, 1, self.n_positions)[0]),
             }
-        if isinstance(self.stream, PackedWindows):  # only then: other runs' states are as before
-            state["packing"] = self.packing()
+        layout = self.windows.layout
+        if layout is not None:  # only then: other runs' states are as before
+            state["packing"] = layout
         return state
-
-    def packing(self) -> dict[str, Any] | None:
-        """What decides packed windows: the algorithm, the context and the layout's sha256."""
-        if not isinstance(self.stream, PackedWindows):
-            return None
-        return {"algorithm": PACKING, "context": self.context, "windows": self.stream.digest}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         """Check that `state` describes this data order at `step`; nothing else to restore."""
@@ -176,10 +153,10 @@ class Sampler:
             raise ValueError(f"the checkpoint's data order is {order}, this run's {self.order}")
         if state["step"] != step:
             raise ValueError(f"sampler state is at step {state['step']}, the run at {step}")
-        if state.get("packing") != self.packing():
+        if state.get("packing") != self.windows.layout:
             raise ValueError(
                 "the checkpoint's packed prompt/completion windows are not this run's "
-                f"({state.get('packing')} vs {self.packing()})"
+                f"({state.get('packing')} vs {self.windows.layout})"
             )
         if self.order == "random":
             self._check_random(state, step)
@@ -204,9 +181,3 @@ class Sampler:
         block = int(sample_blocks(self.seed, state["sample"], 1, self.n_positions)[0])
         if block != state["block"]:
             raise ValueError("the epoch order's permutation changed since the checkpoint")
-
-
-def validation_starts(n_tokens: int, context: int, n_windows: int) -> np.ndarray:
-    """Fixed, non-overlapping targets: window j starts at j * context (targets j*T+1..(j+1)*T)."""
-    available = (n_tokens - 1) // context
-    return np.arange(min(n_windows, available), dtype=np.int64) * context

@@ -1,16 +1,17 @@
 """A split's prompt/completion examples as packed windows of (inputs, targets, segments): the run
-side of `octlm.data.packing`."""
+side of `octlm.data.packing`. `PackedWindows` is a `octlm.data.windows.Windows`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
 
-from octlm.data.packing import START, TARGET, pack
-from octlm.data.shards import TokenStream
+from octlm.data.packing import PACKING, START, TARGET, pack
+from octlm.data.shards import ShardDataset, TokenStream
 from octlm.hashing import sha256_bytes
 from octlm.model import IGNORE_INDEX
 
@@ -41,23 +42,58 @@ class PackedWindows:
     bounds: np.ndarray
     skipped: int
     """Examples longer than context + 1 tokens: in no window."""
+    fingerprint: str
+    """The prepared dataset's fingerprint (`ShardDataset.fingerprint`)."""
 
     @classmethod
-    def build(cls, tokens: TokenStream, mask: TokenStream, context: int) -> PackedWindows:
+    def build(
+        cls, tokens: TokenStream, mask: TokenStream, context: int, fingerprint: str
+    ) -> PackedWindows:
         if len(tokens) != len(mask):
             raise ValueError(f"{len(tokens)} tokens but {len(mask)} loss-mask entries")
         starts, lengths = example_bounds(mask)
         members, bounds = pack(lengths - 1, context)
         skipped = int(np.count_nonzero(lengths - 1 > context))
-        return cls(tokens, mask, context, starts, lengths, members, bounds, skipped)
+        return cls(tokens, mask, context, starts, lengths, members, bounds, skipped, fingerprint)
+
+    @classmethod
+    def of_split(cls, dataset: ShardDataset, split: str, context: int) -> PackedWindows:
+        """`split` ("train" or "val") of a prompt/completion dataset, packed at `context`."""
+        tokens, mask = (
+            (dataset.train, dataset.train_mask)
+            if split == "train"
+            else (dataset.val, dataset.val_mask)
+        )
+        if mask is None:
+            raise ValueError(f"{dataset.root} holds no loss mask: plain text is not packed")
+        return cls.build(tokens, mask, context, dataset.fingerprint)
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
+
+    @property
+    def width(self) -> int:
+        return self.context
 
     @cached_property  # asked at every checkpoint; the layout never changes
     def digest(self) -> str:
         """sha256 of the window layout: a sampler state proves its windows are these."""
         return sha256_bytes(self.members.tobytes() + self.bounds.tobytes())
+
+    @property
+    def layout(self) -> dict[str, Any] | None:
+        """The packing algorithm, the context and the layout's sha256: another packing would
+        draw other windows under the same indices."""
+        return {"algorithm": PACKING, "context": self.context, "windows": self.digest}
+
+    def summary(self) -> dict[str, Any] | None:
+        """Examples, windows, examples too long for any window, and the padding share."""
+        return {
+            "examples": len(self.lengths),
+            "windows": len(self),
+            "too_long": self.skipped,
+            "padding": round(self.padding_share(), 6),
+        }
 
     def window(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(inputs, targets, segments) of window k, each (context,) int64."""

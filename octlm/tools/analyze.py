@@ -17,12 +17,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from octlm.config import TrainConfig, config_keys
+from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
-from octlm.data.packed import PackedWindows
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.device import autocast, check_dtype
 from octlm.errors import OctlmError
 from octlm.load import load_model, run_dataset
+from octlm.train.checkpoint import CheckpointInfo
+from octlm.train.inputs import windows
 
 FP16_MIN_SUBNORMAL = 2.0**-24  # smaller magnitudes flush to zero in FP16
 FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits
@@ -230,26 +233,8 @@ def underflow_for_run(
             f"{info.path} holds no training config (a weights-only snapshot?)",
             "name the run folder or one of its full checkpoints",
         )
-    dataset = run_dataset(info)
     step = info.step if step is None else step
-    packed = None
-    if dataset.masked:  # prompt/completion data: the run's packed windows
-        assert dataset.train_mask is not None
-        packed = PackedWindows.build(dataset.train, dataset.train_mask, cfg["context"])
-    try:
-        sampler = Sampler(
-            packed if packed is not None else dataset.train,
-            seed=cfg["seed"],
-            context=cfg["context"],
-            micro_batch=micro_batch if micro_batch is not None else cfg["micro_batch"],
-            accum=cfg["accum"],
-            overfit_blocks=cfg["overfit_blocks"],
-            # With every rank's micro-batches (world), micro-batch 0 is the step's first slice.
-            world=info.world,
-            order=cfg["order"],
-        )
-    except ValueError as exc:
-        raise OctlmError(str(exc), "use the dataset the run trained on") from None
+    sampler = run_sampler(info, micro_batch)
     inputs, targets, *segments = sampler.batch(step, 0)
     report = underflow_report(
         model,
@@ -266,6 +251,31 @@ def underflow_for_run(
         + ("  [note: the run trained on in-memory --blocks]" if cfg["blocks"] else "")
     )
     return report
+
+
+def run_sampler(info: CheckpointInfo, micro_batch: int | None) -> Sampler:
+    """The sampler of a checkpoint's run over its own training windows (with every rank's
+    micro-batches: micro-batch 0 is the step's first slice), at `micro_batch` if given."""
+    # A key written before its setting existed takes the default that means what the run did
+    # ("order" absent: random; CheckpointInfo.config). --blocks runs are drawn from the dataset's
+    # stream (the report's source line says so): their text file may be gone.
+    saved = info.config or {}
+    cfg = TrainConfig(**{k: v for k, v in saved.items() if k in config_keys()})
+    dataset = run_dataset(info)
+    train = windows(cfg.replace(blocks=None), dataset, dataset_tokenizer(dataset), "train")
+    try:
+        return Sampler(
+            train,
+            seed=cfg.seed,
+            context=cfg.context,
+            micro_batch=micro_batch if micro_batch is not None else cfg.micro_batch,
+            accum=cfg.accum,
+            overfit_blocks=cfg.overfit_blocks,
+            world=info.world,
+            order=cfg.order,
+        )
+    except ValueError as exc:
+        raise OctlmError(str(exc), "use the dataset the run trained on") from None
 
 
 def _pct(x: float) -> str:

@@ -1,37 +1,58 @@
-"""What a run reads, built from its config: the in-memory blocks (--blocks), the training
-sampler (its data order, --order) and the fixed validation set."""
+"""What a run reads, built from its config: the windows of each split (`windows`: packed
+prompt/completion examples, the --blocks text's in-memory blocks, or windows of a token
+stream), the training sampler over them (its data order, --order) and the fixed validation set."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from octlm.config import TrainConfig
 from octlm.data.blocks import TokenBlocks, make_blocks
 from octlm.data.corpus import read_documents
-from octlm.data.order import Sampler, validation_starts
+from octlm.data.order import Sampler
 from octlm.data.packed import PackedWindows
 from octlm.data.packing import LOSS_MASK_VERSION
 from octlm.data.shards import ShardDataset
+from octlm.data.windows import StreamWindows, Windows, first_windows
 from octlm.errors import OctlmError
 from octlm.evaluate import ValidationSet
 from octlm.tokenizer.core import Tokenizer
 from octlm.train.distributed import DistInfo
 
 
-def train_blocks(cfg: TrainConfig, tokenizer: Tokenizer) -> TokenBlocks | None:
-    """The first seed's in-memory path (--blocks): PAD-masked blocks of one text, or None."""
-    if not cfg.blocks:
-        return None
+def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split: str) -> Windows:
+    """The windows a run reads from `split` ("train" or "val") of `dataset`: its packed
+    examples (prompt/completion data), the --blocks blocks (train), else windows of the split's
+    token stream. The training windows' `fingerprint` is the run's data fingerprint."""
+    if dataset.masked:
+        return packed_split(cfg, dataset, split)
+    if split == "val":  # scored in order, disjoint targets: window j starts at token j * T
+        return StreamWindows(dataset.val, cfg.context, cfg.context, dataset.fingerprint)
+    if cfg.blocks:
+        return train_blocks(cfg, tokenizer)
+    # Which windows exist is part of the data order (docs/training-order.md): "random" draws
+    # a window at any offset, "epoch" each aligned block of T + 1 tokens once per epoch, and
+    # --overfit-blocks memorises the first N such blocks.
+    aligned = cfg.order == "epoch" or bool(cfg.overfit_blocks)
+    stride = cfg.context + 1 if aligned else 1
+    found = StreamWindows(dataset.train, cfg.context, stride, dataset.fingerprint)
+    if len(found) < max(1, cfg.overfit_blocks):
+        raise OctlmError(
+            f"stream of {len(dataset.train)} tokens is too short for context {cfg.context}",
+            "use more data or a shorter --context",
+        )
+    return found
+
+
+def train_blocks(cfg: TrainConfig, tokenizer: Tokenizer) -> TokenBlocks:
+    """The first seed's in-memory path (--blocks): PAD-masked blocks of one text."""
+    assert cfg.blocks is not None
     blocks = make_blocks([d.text for d in read_documents([cfg.blocks])], tokenizer, cfg.context)
     return blocks.first(cfg.overfit_blocks) if cfg.overfit_blocks else blocks
 
 
-def packed_windows(cfg: TrainConfig, dataset: ShardDataset) -> dict[str, PackedWindows] | None:
-    """A prompt/completion dataset's splits packed at the run's context; None for plain text."""
-    if not dataset.masked:
-        return None
+def packed_split(cfg: TrainConfig, dataset: ShardDataset, split: str) -> PackedWindows:
+    """A prompt/completion dataset's split packed at the run's context."""
     version = dataset.manifest["loss_mask"]["version"]
     if version != LOSS_MASK_VERSION:
         raise OctlmError(
@@ -42,46 +63,26 @@ def packed_windows(cfg: TrainConfig, dataset: ShardDataset) -> dict[str, PackedW
         raise OctlmError(
             "--blocks reads a text file, not the prompt/completion --data", "drop one of the two"
         )
-    assert dataset.train_mask is not None and dataset.val_mask is not None
-    packed = {
-        "train": PackedWindows.build(dataset.train, dataset.train_mask, cfg.context),
-        "val": PackedWindows.build(dataset.val, dataset.val_mask, cfg.context),
-    }
-    for split, windows in packed.items():
-        if not len(windows):
-            raise OctlmError(
-                f"no {split} example of {dataset.root} fits in --context {cfg.context}",
-                "raise --context, or prepare shorter examples",
-            )
+    packed = PackedWindows.of_split(dataset, split, cfg.context)
+    if not len(packed):
+        raise OctlmError(
+            f"no {split} example of {dataset.root} fits in --context {cfg.context}",
+            "raise --context, or prepare shorter examples",
+        )
     return packed
 
 
-def packing_record(packed: dict[str, PackedWindows] | None) -> dict[str, Any] | None:
-    """For the log header: per split, examples, windows, skipped examples, padding share."""
-    if packed is None:
-        return None
-    return {
-        split: {
-            "examples": len(w.lengths),
-            "windows": len(w),
-            "too_long": w.skipped,
-            "padding": round(w.padding_share(), 6),
-        }
-        for split, w in packed.items()
-    }
+def packing_record(train: Windows, val: Windows) -> dict[str, Any] | None:
+    """For the log header: per split, what its windows say of themselves (packed examples:
+    examples, windows, skipped examples, padding share); None when they say nothing."""
+    records = {"train": train.summary(), "val": val.summary()}
+    return records if all(r is not None for r in records.values()) else None
 
 
-def build_sampler(
-    cfg: TrainConfig,
-    dataset: ShardDataset,
-    blocks: TokenBlocks | None,
-    dist: DistInfo,
-    packed: dict[str, PackedWindows] | None = None,
-) -> Sampler:
-    source = packed["train"] if packed else (blocks if blocks is not None else dataset.train)
+def build_sampler(cfg: TrainConfig, train: Windows, dist: DistInfo) -> Sampler:
     try:
         return Sampler(
-            source,
+            train,
             seed=cfg.seed,
             context=cfg.context,
             micro_batch=cfg.micro_batch,
@@ -96,27 +97,14 @@ def build_sampler(
 
 
 def validation_set(
-    cfg: TrainConfig,
-    dataset: ShardDataset,
-    blocks: TokenBlocks | None,
-    tokenizer: Tokenizer,
-    packed: dict[str, PackedWindows] | None = None,
+    cfg: TrainConfig, train: Windows, val: Windows, tokenizer: Tokenizer
 ) -> ValidationSet:
-    common = {
-        "context": cfg.context,
-        "micro_batch": cfg.micro_batch,
-        "token_bytes": tokenizer.token_bytes_table,
-    }
-    if packed is not None:  # the first windows, in packing order (or the memorised ones)
-        windows = packed["train"] if cfg.overfit_blocks else packed["val"]
-        n = cfg.overfit_blocks or cfg.val_batches * cfg.micro_batch
-        starts = np.arange(min(n, len(windows)), dtype=np.int64)
-        return ValidationSet(**common, packed=windows, starts=starts)
-    if blocks is not None:  # the blocks are their own validation set
-        return ValidationSet(**common, blocks=blocks)
-    if cfg.overfit_blocks:  # validate on the memorised blocks themselves
-        starts = np.arange(cfg.overfit_blocks, dtype=np.int64) * (cfg.context + 1)
-        return ValidationSet(**common, stream=dataset.train, starts=starts)
-    n = cfg.val_batches * cfg.micro_batch
-    starts = validation_starts(len(dataset.val), cfg.context, n)
-    return ValidationSet(**common, stream=dataset.val, starts=starts)
+    """The validation split's first windows; an overfit run validates on the windows it
+    memorises, and --blocks on the blocks themselves."""
+    if cfg.overfit_blocks or cfg.blocks:
+        scored, n = train, cfg.overfit_blocks or len(train)
+    else:
+        scored, n = val, cfg.val_batches * cfg.micro_batch
+    return ValidationSet(
+        scored, first_windows(scored, n), cfg.micro_batch, tokenizer.token_bytes_table
+    )

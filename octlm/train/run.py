@@ -42,13 +42,7 @@ from octlm.train.distributed import (
 )
 from octlm.train.guards import check_shared_folder
 from octlm.train.init_from import InitPlan, load_into, plan_init
-from octlm.train.inputs import (
-    build_sampler,
-    packed_windows,
-    packing_record,
-    train_blocks,
-    validation_set,
-)
+from octlm.train.inputs import build_sampler, packing_record, validation_set, windows
 from octlm.train.optim import build_optimizer, param_names
 from octlm.train.resume import Found, find_agreed, settle
 from octlm.train.saver import BackgroundSaver
@@ -265,11 +259,7 @@ def build_run(cfg: TrainConfig) -> Run:
     optimizer = build_optimizer(model, cfg)  # after wrapping: FSDP shards the parameters
     scaler = torch.amp.GradScaler(device.type) if cfg.dtype == "fp16" else None
     setup = _step_setup(cfg, model, wrapped, scaler, dist, device)
-    blocks = train_blocks(cfg, tokenizer)
-    packed = packed_windows(cfg, dataset)
-    data_fingerprint = (
-        dataset.fingerprint if blocks is None else blocks.fingerprint(tokenizer.fingerprint)
-    )
+    train, val = windows(cfg, dataset, tokenizer, "train"), windows(cfg, dataset, tokenizer, "val")
     return Run(
         cfg=cfg,
         dist=dist,
@@ -282,18 +272,18 @@ def build_run(cfg: TrainConfig) -> Run:
         wrapped=wrapped,
         optimizer=optimizer,
         scaler=scaler,
-        sampler=build_sampler(cfg, dataset, blocks, dist, packed),
-        val=validation_set(cfg, dataset, blocks, tokenizer, packed),
+        sampler=build_sampler(cfg, train, dist),
+        val=validation_set(cfg, train, val, tokenizer),
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),
-            "data": data_fingerprint,
+            "data": train.fingerprint,  # the windows' data: a --blocks text, else the dataset
             "tokenizer": tokenizer.fingerprint,
         },
         saver=BackgroundSaver(cfg.async_checkpoint),
         notes=notes,
         init_from=init.record if init else None,
-        packing=packing_record(packed),
+        packing=packing_record(train, val),
         start=start,
     )
 

@@ -14,6 +14,7 @@ from octlm.data.blocks import TokenBlocks
 from octlm.data.epoch import permute, round_keys, sample_blocks
 from octlm.data.order import Sampler
 from octlm.data.shards import TokenStream
+from octlm.data.windows import StreamWindows
 
 T = 4  # context: blocks of T + 1 = 5 tokens
 N_BLOCKS = 23  # prime: no global batch below divides it
@@ -26,10 +27,20 @@ def block_stream(n_blocks: int = N_BLOCKS, tail: int = 3) -> TokenStream:
     return TokenStream([tokens[:40], tokens[40:]])
 
 
+def windows_of(stream: TokenStream, order: str) -> StreamWindows:
+    """A stream's windows for `order` (train/inputs.py): aligned blocks for the epoch order,
+    every offset for the random one."""
+    return StreamWindows(stream, T, T + 1 if order == "epoch" else 1, "")
+
+
 def sampler(stream: TokenStream | TokenBlocks | None = None, **kw) -> Sampler:
     """An epoch-order sampler over `block_stream()` unless told otherwise."""
     opts = {"seed": 9, "context": T, "micro_batch": 2, "accum": 3, "order": "epoch", **kw}
-    return Sampler(block_stream() if stream is None else stream, **opts)
+    stream = block_stream() if stream is None else stream
+    if isinstance(stream, TokenStream):
+        aligned = opts["order"] == "epoch" or opts.get("overfit_blocks")
+        stream = windows_of(stream, "epoch" if aligned else "random")
+    return Sampler(stream, **opts)
 
 
 def blocks_read(sampler: Sampler, steps: range) -> list[int]:
@@ -135,7 +146,7 @@ def test_overfit_blocks_and_in_memory_blocks_are_epochs_too() -> None:
     )  # 20 samples of 5 blocks: four epochs
     assert all(sorted(read[i : i + 5]) == list(range(5)) for i in range(0, 20, 5))
     inputs = torch.arange(7 * T).view(7, T)
-    blocks = TokenBlocks(inputs, inputs + 1, torch.ones_like(inputs))
+    blocks = TokenBlocks(inputs, inputs + 1, torch.ones_like(inputs), "")
     memory = sampler(blocks, micro_batch=3, accum=1)
     rows = [int(memory.batch(s, 0)[0][i, 0]) // T for s in range(7) for i in range(3)]
     assert all(sorted(rows[i : i + 7]) == list(range(7)) for i in range(0, 21, 7))
@@ -174,7 +185,9 @@ def test_epoch_state_names_the_order_and_refuses_another() -> None:
 
 
 def test_the_random_order_is_the_default_and_unchanged() -> None:
-    default = Sampler(block_stream(), seed=9, context=T, micro_batch=2, accum=3)
+    default = Sampler(
+        windows_of(block_stream(), "random"), seed=9, context=T, micro_batch=2, accum=3
+    )
     explicit = sampler(order="random")
     assert default.order == "random" and default.n_positions == len(block_stream()) - T
     for step, micro in [(0, 0), (3, 2)]:

@@ -64,7 +64,7 @@ def test_an_encoded_example_masks_its_prompt_and_targets_completion_and_eos() ->
 
 def packed_of(tok: Tokenizer, examples: list[Example], context: int) -> PackedWindows:
     ids, marks, _ = encode_examples(tok, examples)
-    return PackedWindows.build(TokenStream([ids]), TokenStream([marks]), context)
+    return PackedWindows.build(TokenStream([ids]), TokenStream([marks]), context, "")
 
 
 EXAMPLES = [

@@ -18,6 +18,7 @@ import pytest
 
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
+from octlm.data.windows import StreamWindows
 from octlm.load import load_model
 from octlm.runlog import read_log
 from octlm.tools.analyze import underflow_for_run, underflow_report
@@ -116,8 +117,14 @@ def test_analyze_draws_the_micro_batch_of_the_runs_own_order(straight) -> None:
     train = ShardDataset.open(DATA).train
     losses = {}
     for order in ("epoch", "random"):
+        stride = CONTEXT + 1 if order == "epoch" else 1  # aligned blocks, or every offset
         sampler = Sampler(
-            train, seed=1337, context=CONTEXT, micro_batch=32, accum=2, order=order
+            StreamWindows(train, CONTEXT, stride, ""),
+            seed=1337,
+            context=CONTEXT,
+            micro_batch=32,
+            accum=2,
+            order=order,
         )  # the run's (default) seed
         x, y = sampler.batch(STRADDLING, 0)
         losses[order] = underflow_report(model, x, y, accum=2, dtype="fp32", device="cpu").loss

@@ -135,7 +135,7 @@ def test_the_header_records_the_packing_and_validation_counts_only_targets(data,
     header = read_log(straight["accum1"])[0]
     dataset = ShardDataset.open(data["masked"])
     tok = Tokenizer.load(dataset.tokenizer_path)
-    val = PackedWindows.build(dataset.val, dataset.val_mask, CONTEXT)
+    val = PackedWindows.of_split(dataset, "val", CONTEXT)
     assert header["packing"]["val"]["windows"] == len(val)
     n_windows = min(2 * WINDOWS_PER_STEP, len(val))
     targets = sum(int((val.window(k)[1] != -100).sum()) for k in range(n_windows))

@@ -17,6 +17,7 @@ import torch
 
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset, TokenStream
+from octlm.data.windows import StreamWindows
 from octlm.errors import OctlmError
 from octlm.model import GPT, preset
 from octlm.tools.analyze import (
@@ -87,9 +88,8 @@ def test_unigram_on_tiny_dataset(tiny_dataset: Path) -> None:
 def model_and_batch(tiny_dataset: Path):
     torch.manual_seed(0)
     model = GPT(preset("tiny", vocab_size=512, context=CONTEXT))
-    sampler = Sampler(
-        ShardDataset.open(tiny_dataset).train, seed=1, context=CONTEXT, micro_batch=2, accum=2
-    )
+    train = StreamWindows(ShardDataset.open(tiny_dataset).train, CONTEXT, 1, "")
+    sampler = Sampler(train, seed=1, context=CONTEXT, micro_batch=2, accum=2)
     return model, *sampler.batch(0, 0)
 
 
@@ -168,9 +168,8 @@ def test_underflow_on_a_run(tiny_run: Path, tiny_dataset: Path) -> None:
     r = underflow_for_run(tiny_run)
     assert "micro-batch 0 of step 2" in r.source and r.dtype == "bf16" and r.accum == 2
     # The same micro-batch the run would draw next, straight from the Sampler.
-    x, _ = Sampler(
-        ShardDataset.open(tiny_dataset).train, seed=5, context=CONTEXT, micro_batch=2, accum=2
-    ).batch(2, 0)
+    train = StreamWindows(ShardDataset.open(tiny_dataset).train, CONTEXT, 1, "")
+    x, _ = Sampler(train, seed=5, context=CONTEXT, micro_batch=2, accum=2).batch(2, 0)
     assert r.n_targets == x.numel()
     assert underflow_for_run(tiny_run, micro_batch=3, step=0).n_targets == 3 * CONTEXT
     with pytest.raises(OctlmError):
