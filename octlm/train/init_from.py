@@ -252,10 +252,13 @@ def check_shape_keys(cfg: TrainConfig, shape: dict[str, Any]) -> None:
         )
 
 
-def check_preset(cfg: TrainConfig) -> None:
-    """A `--model` given with --init-from must have the source's shape (vocabulary and context
-    aside: the data and --context decide those). The CLI calls this when --model is given."""
-    if cfg.init_from is None:
+def check_preset(cfg: TrainConfig, model_flag: str | None) -> None:
+    """A `--model` flag given with --init-from must have the source's shape (vocabulary and
+    context aside: the data and --context decide those). A preset from a config file yields to
+    the source: a config (a shipped one, or the file a tool writes for its runs) sets a preset
+    along with everything else, and its other settings are what the user wants; only a flag
+    typed for this run is a statement about this run's shape."""
+    if cfg.init_from is None or model_flag is None:
         return
     meta = _checkpoint_meta(cfg)
     shape = meta["model_config"] if meta is not None else read_source(cfg.init_from).shape

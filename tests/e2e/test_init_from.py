@@ -26,7 +26,7 @@ from octlm.load import load_model
 from octlm.runlog import read_log
 from octlm.train.run import build_run
 from tests.e2e.helpers import QUICK_CONTEXT, QUICK_RUN, end_hash, octlm
-from tests.hf_folders import DROP, config_variant
+from tests.hf_folders import DROP, config_variant, corpus_texts
 from tests.hf_folders import random_llama as random_llama_folder
 
 pytestmark = pytest.mark.slow
@@ -371,6 +371,50 @@ def test_bad_sources_are_one_error_line_and_write_nothing(
     model = ("--model", "tiny") if case == "preset" else ()
     assert_refused(train_argv(tiny_dataset, out, path, *model), out, SOURCE_CASES[case], capsys)
     assert not (tmp_path / "unpickled").exists()  # a pickle is never opened as one
+
+
+def test_a_config_files_preset_yields_to_the_source(source, tiny_dataset, tmp_path) -> None:
+    """`--config tiny` (a preset among the settings the user wants) with a micro source: the
+    source decides the shape. Only a `--model` flag that contradicts the source is refused."""
+    out = tmp_path / "tuned"
+    quick = ("--context", str(CONTEXT), "--steps", "2", "--warmup", "1", "--val-every", "0")
+    quick += ("--ckpt-every", "0", "--no-progress")
+    octlm("train", "--config", "tiny", "--data", str(tiny_dataset), "--out", str(out), *quick,
+          "--init-from", str(source))  # fmt: skip
+    first = header(out)
+    assert first["config"]["model"] == "tiny" and first["config"]["lr"] == 3e-3  # the config's
+    source_shape = header(source)["model_config"]
+    assert first["model_config"] == {**source_shape, "context": CONTEXT}
+    assert first["init_from"]["weights_sha256"] == end_hash(source)
+
+
+def pairs_jsonl(path: Path, n: int) -> Path:
+    """`n` short prompt/completion pairs (a few words each: they fit a 32-token context)."""
+    words = [text.split()[:6] for text in corpus_texts(n, seed=1)]
+    rows = [{"prompt": " ".join(w[:3]) + "\n", "completion": " ".join(w[3:])} for w in words]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_verify_resume_verifies_a_fine_tune_of_a_source_of_another_shape(
+    source, tiny_dataset, tmp_path, capsys
+) -> None:
+    """The flagship check on a fine-tune: masked prompt/completion data, --init-from a micro
+    run (not the default preset's shape). Its runs read a config file naming a preset, which
+    yields to the source; a contradicting --model flag is still one error line, before any run."""
+    sft = tmp_path / "sft"
+    octlm("prepare", str(pairs_jsonl(tmp_path / "pairs.jsonl", 300)), "--format",
+          "prompt-completion", "--tokenizer", str(tiny_dataset / "tokenizer.json"),
+          "--context", str(CONTEXT), "--out", str(sft))  # fmt: skip
+    args = ["verify-resume", "--data", str(sft), "--init-from", str(source), *RUN, "--steps", "4"]
+    args += ["--order", "epoch", "--split", "2", "--workdir", str(tmp_path)]
+    proc = octlm(*args)
+    lines = proc.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[1:3]] == ["straight", "split@2"]
+    assert lines[2].rstrip().endswith("identical") and lines[-1].startswith("identical:")
+    refused = "--model tiny contradicts --init-from"
+    assert_refused([*args, "--model", "tiny"], tmp_path / "none", refused, capsys)
+    assert not any(p.name.startswith("octlm-verify-") for p in tmp_path.iterdir())
 
 
 def test_an_exported_safetensors_folder_is_a_source(source, tmp_path) -> None:
