@@ -58,6 +58,7 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from octlm.train.distributed import launched_by_torchrun
+    from octlm.train.init_from import check_preset
     from octlm.train.loop import train
 
     if args.print_config:  # checked and resolved, nothing built: --out is not touched
@@ -76,10 +77,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return launch(spec, sys.argv[1:], Path(cfg.out), args.requeue_exit_code)
     if restart_resumes():  # the elastic agent restarted the group after a failure
         cfg = cfg.replace(resume=True)
-    if cfg.init_from is not None and _given(args, "model"):
-        from octlm.train.init_from import check_preset
-
-        check_preset(cfg)  # a --model left out is no contradiction: the source's shape is used
+    check_preset(cfg, args.model)  # a --model flag must have the source's shape
     result = train(cfg, hard_exit=True)
     if (
         args.requeue_exit_code is not None
@@ -97,6 +95,7 @@ def _given(args: argparse.Namespace, key: str) -> bool:
 
 def _cmd_verify_resume(args: argparse.Namespace) -> int:
     from octlm.tools.verify import format_result, verify_resume, with_digests
+    from octlm.train.init_from import check_preset
 
     if args.resume or args.stop_at is not None:
         raise OctlmError(
@@ -105,6 +104,7 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
         )
     workdir = Path(args.workdir) if args.workdir else None
     cfg, echo = _config_from_args(args), partial(print, file=sys.stderr)
+    check_preset(cfg, args.model)  # its runs see the preset in their config file: it yields
     cfg = with_digests(cfg, _given(args, "hash_tensors"), _given(args, "hash_every"))
     summaries, kept = verify_resume(cfg, args.split, keep=args.keep, workdir=workdir, echo=echo)
     print("\n".join(format_result(summaries, kept)))

@@ -8,6 +8,8 @@ json is needed here, torch is imported by the callers (the CLI parser must stay 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from octlm.errors import OctlmError
@@ -62,6 +64,11 @@ def renamed(
     return {table[name]: t.detach().contiguous() for name, t in weights.items()}
 
 
+def layers_held(names: Iterable[str], prefix: str) -> int:
+    """How many blocks `names` hold weights of (`prefix` + block index + ...)."""
+    return len({name[len(prefix) :].split(".")[0] for name in names if name.startswith(prefix)})
+
+
 def hf_state_dict(weights: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
     """octlm weights under Llama's names; the tied output layer gets no `lm_head` entry."""
     return renamed(weights, name_table(n_layers), "checkpoint's")
@@ -71,6 +78,12 @@ def octlm_state_dict(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str, to
     """Llama weights under octlm's names (the inverse of `hf_state_dict`). An `lm_head.weight`
     is accepted only as a copy of the embedding (tied), since octlm has no separate head."""
     hf = dict(hf)
+    held = layers_held(hf, "model.layers.")
+    if held != n_layers:  # before a name table of n_layers blocks is built
+        raise LlamaError(
+            f"config.json: num_hidden_layers={n_layers}, but the weights hold {held} layers",
+            FIX_WEIGHTS,
+        )
     head, embedding = hf.pop(LM_HEAD, None), hf.get(TOP_NAMES["tok_embeddings.weight"])
     if head is not None and embedding is not None and not head.equal(embedding):
         raise LlamaError(
@@ -122,57 +135,146 @@ _REQUIRED = {
     "hidden_act": ("silu", "silu"),
     "pretraining_tp": (1, 1),
 }
+FIX_CONFIG = "fix config.json (transformers' save_pretrained writes a complete one)"
+FIX_WEIGHTS = "name a folder whose config.json describes its weights"
+FIX_ROPE = "octlm's RoPE is plain (unscaled, on every dimension): use a model with default RoPE"
+# config.json integer -> ModelConfig field; transformers' default where the key may be absent.
+_SIZES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "intermediate_size": "d_ff",
+    "max_position_embeddings": "context",
+}
+_SIZE_DEFAULTS = {"max_position_embeddings": 2048}
+_NUMBERS = {"rms_norm_eps": ("norm_eps", 1e-6), "initializer_range": ("init_std", 0.02)}
+DEFAULT_ROPE_THETA = 10000.0
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _size(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer field; absent (or null, where transformers reads null as absent)
+    gives `default`, and without one it is an error."""
+    value = cfg.get(key)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise LlamaError(f"config.json gives no {key}", FIX_CONFIG)
+    if not _is_int(value) or value <= 0:
+        raise LlamaError(f"config.json: {key}={value!r} must be a positive integer", FIX_CONFIG)
+    return value
+
+
+def _number(value: Any, key: str) -> float:
+    """A positive finite number (JSON allows NaN and Infinity in Python's reading)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LlamaError(f"config.json: {key}={value!r} must be a positive number", FIX_CONFIG)
+    if not 0 < value < math.inf:
+        raise LlamaError(f"config.json: {key}={value!r} must be positive and finite", FIX_CONFIG)
+    return float(value)
+
+
+def _rope_dict(cfg: dict[str, Any], key: str) -> dict[str, Any]:
+    """`rope_scaling` (transformers 4) or `rope_parameters` (5): {} when null or absent; any
+    RoPE type but plain ("default") is refused, naming it."""
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise LlamaError(f"config.json: {key}={value!r} must be null or an object", FIX_CONFIG)
+    if any(isinstance(v, dict) for v in value.values()):
+        raise LlamaError(f"config.json: {key} is given per layer type ({sorted(value)})", FIX_ROPE)
+    # transformers 5 reads rope_parameters without a type as "default"; transformers 4 finds no
+    # RoPE for a rope_scaling without one, so that names nothing octlm could follow.
+    untyped = "default" if key == "rope_parameters" else None
+    kind = value.get("rope_type", value.get("type", untyped))
+    if value and kind != "default":
+        what = f"rope_type {kind!r}" if kind is not None else f"no rope_type ({value})"
+        raise LlamaError(f"config.json: {key} has {what}, which octlm cannot reproduce", FIX_ROPE)
+    return value
 
 
 def _rope_base(cfg: dict[str, Any]) -> float:
-    """The RoPE base of a config.json; any scaling (llama3, yarn, linear, ...) is refused."""
-    scaling = cfg.get("rope_scaling")
-    params = cfg.get("rope_parameters") or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    if scaling not in (None, {}) and (scaling.get("rope_type", scaling.get("type")) != "default"):
-        raise LlamaError(f"config.json: rope_scaling {scaling} is not supported", "use plain RoPE")
-    if kind != "default":
-        raise LlamaError(f"config.json: rope_parameters.rope_type {kind!r} is not supported")
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    """The RoPE base of a config.json: its rope_theta, wherever transformers 4 or 5 reads it
+    (they must agree); any scaling (llama3, yarn, linear, dynamic, ...) is refused."""
+    places = {"": cfg, "rope_scaling.": _rope_dict(cfg, "rope_scaling")}
+    places["rope_parameters."] = _rope_dict(cfg, "rope_parameters")
+    for where, d in places.items():
+        if d.get("partial_rotary_factor") not in (None, 1):
+            factor = d["partial_rotary_factor"]
+            raise LlamaError(f"config.json: {where}partial_rotary_factor={factor!r}", FIX_ROPE)
+    thetas = {
+        f"{where}rope_theta": _number(d["rope_theta"], f"{where}rope_theta")
+        for where, d in places.items()
+        if d.get("rope_theta") is not None
+    }
+    if len(set(thetas.values())) > 1:
+        given = ", ".join(f"{k}={v!r}" for k, v in thetas.items())
+        raise LlamaError(
+            f"config.json: {given} disagree (transformers 4 and 5 would read different ones)",
+            "keep one rope_theta",
+        )
+    return next(iter(thetas.values()), DEFAULT_ROPE_THETA)
 
 
-def model_config_from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig fields of a LlamaForCausalLM config.json; a one-line error naming the first
-    field whose value octlm's model cannot express."""
+def _check_kind(cfg: dict[str, Any]) -> None:
+    """A LlamaForCausalLM whose every option octlm's model has (tied, no biases, silu, ...)."""
     arch = cfg.get("architectures") or ["LlamaForCausalLM"]
     if arch != ["LlamaForCausalLM"]:
-        raise LlamaError(f"config.json: architectures {arch} is not LlamaForCausalLM")
+        raise LlamaError(
+            f'config.json: architectures={arch!r} is not ["LlamaForCausalLM"]',
+            "octlm reads Llama causal LMs only",
+        )
     for key, (want, default) in _REQUIRED.items():
         if cfg.get(key, default) != want:
             raise LlamaError(
                 f"config.json: {key}={cfg.get(key, default)!r} (octlm's model needs {want!r})",
                 "use a LlamaForCausalLM with tied embeddings, no biases and silu",
             )
-    try:
-        heads = int(cfg["num_attention_heads"])
-        fields = {
-            "vocab_size": int(cfg["vocab_size"]),
-            "d_model": int(cfg["hidden_size"]),
-            "n_layers": int(cfg["num_hidden_layers"]),
-            "n_heads": heads,
-            "n_kv_heads": int(cfg.get("num_key_value_heads") or heads),
-            "d_ff": int(cfg["intermediate_size"]),
-            "context": int(cfg.get("max_position_embeddings", 2048)),
-            "rope_base": _rope_base(cfg),
-            "norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-            "init_std": float(cfg.get("initializer_range", 0.02)),
-        }
-    except KeyError as exc:
+
+
+def _check_heads(d_model: int, heads: int, kv_heads: int, head_dim: int | None) -> None:
+    """Heads that split the width evenly, into an even head size, in groups of key/value heads."""
+    if head_dim is None and d_model % heads:
         raise LlamaError(
-            f"config.json has no {exc.args[0]}", "name a LlamaForCausalLM folder"
-        ) from None
-    except (TypeError, ValueError) as exc:
-        raise LlamaError(f"config.json has a bad value ({exc})", "fix config.json") from None
-    head_dim = cfg.get("head_dim") or fields["d_model"] // heads
-    if head_dim * heads != fields["d_model"]:
+            f"config.json: hidden_size {d_model} is not divisible by num_attention_heads {heads}",
+            "octlm's heads split the width evenly: name a model whose heads divide hidden_size",
+        )
+    if head_dim is not None and head_dim * heads != d_model:
         raise LlamaError(
-            f"config.json: head_dim={head_dim} x {heads} heads is not hidden_size="
-            f"{fields['d_model']}",
+            f"config.json: head_dim={head_dim} x {heads} heads is not hidden_size={d_model}",
             "octlm's heads split the width: use head_dim = hidden_size / num_attention_heads",
         )
+    if heads % kv_heads:
+        raise LlamaError(
+            f"config.json: num_attention_heads {heads} is not divisible by num_key_value_heads "
+            f"{kv_heads}",
+            "each key/value head serves a group of heads: name a model where they divide",
+        )
+    if (d_model // heads) % 2:
+        raise LlamaError(
+            f"config.json: the head size hidden_size / num_attention_heads = {d_model // heads} "
+            "is odd (RoPE rotates pairs of dimensions)",
+            "name a model with an even head size",
+        )
+
+
+def model_config_from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig fields of a LlamaForCausalLM config.json; a one-line error naming the first
+    field whose value octlm's model cannot express."""
+    _check_kind(cfg)
+    fields: dict[str, Any] = {
+        ours: _size(cfg, key, _SIZE_DEFAULTS.get(key)) for key, ours in _SIZES.items()
+    }
+    heads = fields["n_heads"]
+    fields["n_kv_heads"] = _size(cfg, "num_key_value_heads", heads)  # transformers: null = heads
+    head_dim = None if cfg.get("head_dim") is None else _size(cfg, "head_dim")
+    _check_heads(fields["d_model"], heads, fields["n_kv_heads"], head_dim)
+    fields["rope_base"] = _rope_base(cfg)
+    for key, (ours, default) in _NUMBERS.items():
+        fields[ours] = default if key not in cfg else _number(cfg[key], key)
     return fields

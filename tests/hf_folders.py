@@ -3,13 +3,16 @@
 Two kinds, as on the Hub: a GPT-2-style ByteLevel BPE whose `<s>`/`</s>` are appended at the end
 of the vocabulary (no PAD; transformers adds no BOS: no post-processor), and a Llama-style
 Metaspace BPE with byte fallback, `<unk>`/`<s>`/`</s>` at ids 0-2, no PAD, BOS added.
-Test modules import from here, never from each other.
+Also a random `LlamaForCausalLM` saved by transformers, and copies of such a folder with its
+config.json changed (the `--init-from` refusals). Test modules import from here, never from
+each other.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -115,3 +118,38 @@ def llama_folder(folder: Path, vocab_size: int = 512) -> Path:
     return _save(
         tok, folder, bos_token="<s>", eos_token="</s>", unk_token="<unk>", add_bos_token=True
     )
+
+
+DROP = object()
+"""In a `config_variant` change: remove the key."""
+
+
+def random_llama(folder: Path, vocab_size: int = 512, **config: object):
+    """A random tied `LlamaForCausalLM` (2 layers, d 32, 4 heads / 2 kv, context 64; seed 0)
+    saved in `folder` with transformers' own save_pretrained; returns the model."""
+    import torch
+    import transformers
+
+    settings = {
+        "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": True, **config,
+    }  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def config_variant(base: Path, folder: Path, change: dict[str, object] | str) -> Path:
+    """A copy of the Llama folder `base` whose config.json has `change` merged in (a key set
+    to DROP removed), or, given a string, is that text."""
+    shutil.copytree(base, folder)
+    if isinstance(change, str):
+        text = change
+    else:
+        merged = {**json.loads((base / "config.json").read_text()), **change}
+        text = json.dumps({k: v for k, v in merged.items() if v is not DROP})
+    (folder / "config.json").write_text(text, encoding="utf-8")
+    return folder

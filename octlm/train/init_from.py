@@ -9,6 +9,7 @@ dropout, and its data must use the source's tokenizer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ from safetensors import safe_open
 from octlm.config import TrainConfig
 from octlm.errors import OctlmError
 from octlm.fsutil import read_json_object
-from octlm.hashing import file_sha256, weights_sha256
-from octlm.llama import model_config_from_hf, octlm_state_dict
+from octlm.hashing import checksum_matches, file_sha256, weights_sha256
+from octlm.llama import layers_held, model_config_from_hf, octlm_state_dict
 from octlm.model import GPT, PRESETS, ModelConfig
+from octlm.runlog import LOG_NAME
 from octlm.shape import SHAPE_KEYS
 from octlm.tokenizer.core import Tokenizer
 from octlm.train import checkpoint as ckpt
@@ -30,6 +32,12 @@ from octlm.train.resume import load_newest_valid
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HF_CONFIG, HF_WEIGHTS, HF_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 FIX_JSON = "fix or replace it"
+FIX_SOURCE = "name an octlm run folder or checkpoint, or a LlamaForCausalLM folder"
+FIX_PICKLE = (
+    "convert it to safetensors: load it with transformers and save_pretrained(OUT) (the default "
+    "since transformers 4.35; before it, pass safe_serialization=True)"
+)
+FIX_FIT = "name a source whose config matches its weights"
 # The fields a preset or a shape flag sets: with --init-from they must agree with the source.
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "rope_base", "norm_eps")
 SHAPE_FIELDS += ("init_std",)
@@ -52,9 +60,24 @@ class InitSource:
 def _refuse_pickle(path: Path) -> None:
     if path.suffix in PICKLE_SUFFIXES:
         raise InitFromError(
-            f"{path} is a pickle file: octlm never unpickles (it could run code)",
-            "convert it to safetensors (e.g. save_pretrained(..., safe_serialization=True))",
+            f"{path} is a pickle file: octlm never unpickles (it could run code)", FIX_PICKLE
         )
+
+
+def _refuse_pickles(folder: Path) -> None:
+    """A folder whose weights are pickles (pytorch_model.bin, ...): say why none is read."""
+    for other in sorted(folder.iterdir()):
+        _refuse_pickle(other)
+
+
+def _has_octlm_header(path: Path) -> bool:
+    """Whether a safetensors file carries octlm's metadata (an unreadable one: left to the
+    checkpoint reader, which names what is wrong with it)."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return "octlm" in (f.metadata() or {})
+    except Exception:  # safetensors raises its own error types for bad headers
+        return True
 
 
 def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -64,10 +87,28 @@ def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
             raise InitFromError(f"{path} is missing", "name a complete LlamaForCausalLM folder")
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                tensors.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118
+                names = list(f.keys())
+                twice = sorted(set(names) & set(tensors))
+                if not twice:
+                    tensors.update({name: f.get_tensor(name) for name in names})
         except Exception as exc:  # safetensors raises its own error types for bad headers
             raise InitFromError(f"{path} is not a readable safetensors file ({exc})") from None
+        if twice:
+            raise InitFromError(f"{path} holds {twice[0]} again (another shard has it)", FIX_FIT)
     return tensors
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    """The shards a model.safetensors.index.json names: files in the folder itself."""
+    index = read_json_object(folder / HF_INDEX, InitFromError, FIX_JSON)
+    weight_map = index.get("weight_map")
+    names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+    if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+        raise InitFromError(
+            f"{folder / HF_INDEX}: weight_map must map tensor names to shard files in its folder",
+            FIX_JSON,
+        )
+    return [folder / name for name in names]
 
 
 def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
@@ -75,12 +116,9 @@ def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dic
     if (folder / HF_WEIGHTS).is_file():
         files = [folder / HF_WEIGHTS]
     elif (folder / HF_INDEX).is_file():
-        index = read_json_object(folder / HF_INDEX, InitFromError, FIX_JSON)
-        weight_map = index.get("weight_map") or {}
-        files = [folder / name for name in sorted(set(weight_map.values()))]
+        files = _shard_files(folder)
     else:
-        for other in sorted(folder.iterdir()):
-            _refuse_pickle(other)  # pytorch_model.bin: say why it is not read
+        _refuse_pickles(folder)  # pytorch_model.bin: say why it is not read
         raise InitFromError(f"{folder} holds no {HF_WEIGHTS}", "save the model as safetensors")
     weights = octlm_state_dict(_read_safetensors(files), shape["n_layers"])
     tok = folder / "tokenizer.json"
@@ -88,9 +126,23 @@ def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dic
     return shape, weights, {"kind": "hf", "file": str(files[0].resolve()), "tokenizer": tokenizer}
 
 
-def _read_octlm(target: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
-    path, checksum = ckpt.find_checkpoint(target)
-    info, tensors = ckpt.load_checkpoint(path, checksum)
+def _read_octlm(
+    source: str, target: Path
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
+    try:  # a run folder's newest checkpoint, as its checkpoints/latest.json lists it
+        path, checksum = ckpt.find_checkpoint(target)
+    except ckpt.CheckpointError as exc:  # none listed, or the list is damaged
+        raise InitFromError(
+            exc.problem,
+            "name a checkpoint file of the run (checkpoints/step_*.safetensors), or a run "
+            "folder that has written one",
+        ) from None
+    if checksum is not None and path.is_file() and not checksum_matches(path, checksum):
+        raise InitFromError(
+            f"--init-from {source}: checkpoint {path.name} fails its checksum (it is damaged)",
+            "name another checkpoint of the run (checkpoints/step_*.safetensors) or an intact copy",
+        )
+    info, tensors = ckpt.load_checkpoint(path, None)  # the checksum: just checked
     if info.model_config is None:
         raise InitFromError(f"{path} holds no model config", "name an octlm checkpoint")
     shape = dict(info.model_config)
@@ -103,22 +155,53 @@ def _read_octlm(target: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
     return shape, ckpt.model_weights(tensors), record
 
 
-def read_source(source: str) -> InitSource:
-    """The source's shape, float32 weights under octlm's names, and identity record."""
-    path = Path(source)
-    if not path.exists():
+def _locate(source: str, path: Path) -> tuple[bool, Path]:
+    """(whether it is a Hugging Face folder, the folder or file to read) for an existing path;
+    a folder that is neither kind is refused, naming what it holds instead."""
+    if path.is_file():
+        if path.name in (HF_CONFIG, HF_INDEX, HF_WEIGHTS) and (path.parent / HF_CONFIG).is_file():
+            return True, path.parent  # a Hugging Face folder named by one of its files
+        if path.suffix == ".safetensors" and not _has_octlm_header(path):
+            raise InitFromError(
+                f"--init-from {source} is a safetensors file without octlm's header",
+                f"name its folder, with the model's {HF_CONFIG} beside it (a LlamaForCausalLM "
+                "folder), or an octlm checkpoint",
+            )
+        return False, path
+    if (path / HF_CONFIG).is_file():
+        return True, path
+    if (path / ckpt.CKPT_DIR).is_dir() or (path / LOG_NAME).is_file():
+        return False, path  # a run folder: its newest checkpoint
+    if (path / HF_WEIGHTS).is_file() and _has_octlm_header(path / HF_WEIGHTS):
+        return False, path / HF_WEIGHTS  # as `octlm export --format safetensors` writes it
+    if (path / HF_WEIGHTS).is_file() or (path / HF_INDEX).is_file():
         raise InitFromError(
-            f"--init-from {source} does not exist",
-            "name an octlm run folder or checkpoint, or a LlamaForCausalLM folder",
+            f"--init-from {source} holds Hugging Face weights but no {HF_CONFIG}",
+            f"copy the model's {HF_CONFIG} beside them",
         )
+    _refuse_pickles(path)
+    raise InitFromError(
+        f"--init-from {source} holds no checkpoints/ (an octlm run) and no {HF_CONFIG} (a "
+        "Hugging Face model)",
+        FIX_SOURCE,
+    )
+
+
+def read_source(source: str) -> InitSource:
+    """The source's shape, float32 weights under octlm's names, and identity record: checked
+    to fit each other before any model is built."""
+    path = Path(source)
+    if not source.strip():
+        raise InitFromError("--init-from is empty", FIX_SOURCE)
+    if not path.exists():
+        raise InitFromError(f"--init-from {source} does not exist", FIX_SOURCE)
     _refuse_pickle(path)
-    if path.is_file() and path.name == HF_WEIGHTS and (path.parent / HF_CONFIG).is_file():
-        path = path.parent  # a Hugging Face folder named by its weights file
-    is_hf = path.is_dir() and (path / HF_CONFIG).is_file()
-    shape, weights, record = _read_hf(path) if is_hf else _read_octlm(path)
+    is_hf, path = _locate(source, path)
+    shape, weights, record = _read_hf(path) if is_hf else _read_octlm(source, path)
     bad = sorted(n for n, t in weights.items() if not t.is_floating_point())
     if bad:
         raise InitFromError(f"{source}: tensor {bad[0]} is not floating point")
+    check_fit(source, shape, weights)
     # Weights train in float32 (autocast or not): a bf16/fp16 source widens exactly.
     weights = {name: t.to(torch.float32) for name, t in weights.items()}
     record = {"path": source, **record, "weights_sha256": weights_sha256(weights)}
@@ -172,10 +255,13 @@ def check_shape_keys(cfg: TrainConfig, shape: dict[str, Any]) -> None:
         )
 
 
-def check_preset(cfg: TrainConfig) -> None:
-    """A `--model` given with --init-from must have the source's shape (vocabulary and context
-    aside: the data and --context decide those). The CLI calls this when --model is given."""
-    if cfg.init_from is None:
+def check_preset(cfg: TrainConfig, model_flag: str | None) -> None:
+    """A `--model` flag given with --init-from must have the source's shape (vocabulary and
+    context aside: the data and --context decide those). A preset from a config file yields to
+    the source: a config (a shipped one, or the file a tool writes for its runs) sets a preset
+    along with everything else, and its other settings are what the user wants; only a flag
+    typed for this run is a statement about this run's shape."""
+    if cfg.init_from is None or model_flag is None:
         return
     resumed = _resumed_shape(cfg)
     shape = resumed if resumed is not None else read_source(cfg.init_from).shape
@@ -220,19 +306,49 @@ def check_tokenizer(record: dict[str, Any], tokenizer: Tokenizer) -> None:
         )
 
 
-def load_into(model: GPT, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Copy the source's weights into the freshly initialised model (names and shapes must fit)."""
-    own = model.state_dict()
+def check_fit(source: str, shape: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
+    """The source's config must be a model octlm can build, and its weights that model's (names
+    and shapes): checked on a model without storage, so no size in a config is allocated."""
+    try:
+        config = ModelConfig.from_dict(shape)
+    except (TypeError, ValueError) as exc:
+        raise InitFromError(f"--init-from {source}: its model config is invalid ({exc})") from None
+    held = layers_held(weights, "layers.")
+    if held != config.n_layers:  # before a model of n_layers blocks is built
+        raise InitFromError(
+            f"--init-from {source}: its config has {config.n_layers} layers, its weights {held}",
+            FIX_FIT,
+        )
+    try:  # on "meta" it draws no random numbers: a fresh run's generators stay as they are
+        with torch.device("meta"):
+            own = GPT(dataclasses.replace(config, context=1)).state_dict()
+    except RuntimeError as exc:  # a size past int64 ("Storage size calculation overflowed")
+        raise InitFromError(
+            f"--init-from {source}: its config's sizes fit no model ({exc})"
+        ) from None
+    _check_names_and_shapes(source, own, weights)
+
+
+def _check_names_and_shapes(
+    source: str, own: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]
+) -> None:
     for name, tensor in weights.items():
         if name in own and own[name].shape != tensor.shape:
             raise InitFromError(
                 f"--init-from {source}: {name} has shape {tuple(tensor.shape)}, the model "
                 f"{tuple(own[name].shape)}",
-                "name a source whose config matches its weights",
+                FIX_FIT,
             )
     if set(weights) != set(own):
         missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
         raise InitFromError(f"--init-from {source}: missing {missing[:3]}, extra {extra[:3]}")
+
+
+def load_into(model: GPT, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Copy the source's weights into the freshly initialised model (names and shapes must fit,
+    as `check_fit` found them to)."""
+    own = model.state_dict()
+    _check_names_and_shapes(source, own, weights)
     with torch.no_grad():
         for name, tensor in weights.items():
             own[name].copy_(tensor)

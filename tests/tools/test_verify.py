@@ -16,6 +16,7 @@ from octlm.runlog import RunLog, read_log
 from octlm.tools import subrun
 from octlm.tools.verify import format_result, verify_resume, with_digests
 from octlm.train.checkpoint import read_latest
+from octlm.train.init_from import FIX_SOURCE
 from tests.tools.helpers import (
     CUT_LINE,
     GARBAGE_LINE,
@@ -144,6 +145,20 @@ def test_the_cli_refuses_resume_and_stop_at_in_one_line(capsys) -> None:
         "octlm: error: verify-resume chooses its own stops and resumes; "
         "drop --resume and --stop-at; use --split K\n"
     )
+
+
+def test_a_model_flag_is_checked_against_the_init_from_source_before_any_run(
+    tmp_path, capsys
+) -> None:
+    """Its runs read the preset from their config file, where it yields to the source: a
+    `--model` flag is checked here, once (tests/e2e/test_init_from.py runs a real fine-tune)."""
+    missing = tmp_path / "no-source"
+    argv = ["verify-resume", "--split", "2", "--init-from", str(missing), "--context", "64"]
+    argv += ["--model", "tiny"]
+    assert main([*argv, "--workdir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"octlm: error: --init-from {missing} does not exist; {FIX_SOURCE}\n"
+    assert list(tmp_path.iterdir()) == []  # no run was started
 
 
 def test_a_split_that_parts_names_the_step_and_tensor(cfg, tmp_path, monkeypatch) -> None:
