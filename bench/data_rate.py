@@ -7,7 +7,7 @@
    micro-batches/s training consumes: one forward/backward of the small shape (vocabulary 4096,
    fp32, CPU) on a real 16 x 1024 micro-batch, timed in the same round. Also against the seed's
    GPU rate (small.toml: ~99,500 tokens/s = 6.07 micro-batches/s; quoted, not measured here).
-2. Tokens/s of `octlm.data.prepare` on the embedded corpus with the demo tokenizer (reading
+2. Tokens/s of `octlm.prepare.text` on the embedded corpus with the demo tokenizer (reading
    and splitting the documents, encoding, writing and hashing the shards, the manifest), with
    its fast encoder (octlm.tokenizer.fastbpe) and with OCTLM_ENCODER=hf, against HF tokenizers'
    raw `encode_batch` on the same documents with the same tokenizer, the fast encoder alone (a
@@ -33,12 +33,12 @@ from pathlib import Path
 import tokenizers
 import torch
 
-from octlm.data.corpus import read_documents
 from octlm.data.order import Sampler
-from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows
 from octlm.model import GPT, preset
+from octlm.prepare.corpus import read_documents
+from octlm.prepare.text import PrepareConfig, prepare
 from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
 from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder
 

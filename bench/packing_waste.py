@@ -21,11 +21,11 @@ import time
 import numpy as np
 import torch
 
-from octlm.data.corpus import embedded_documents
 from octlm.data.dataset_tokenizer import tokenizer_at
 from octlm.data.packing import pack, waste_shares
-from octlm.data.prepare import embedded_dataset
 from octlm.model import GPT, preset
+from octlm.prepare.corpus import embedded_documents
+from octlm.prepare.text import embedded_dataset
 
 CONTEXTS = (256, 512, 1024, 2048)
 

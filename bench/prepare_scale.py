@@ -55,10 +55,10 @@ from statistics import median
 
 import tokenizers
 
-from octlm.data.corpus import embedded_documents
-from octlm.data.scan import documents
-from octlm.data.sources import ReadOptions, find_sources
-from octlm.data.workers import default_workers
+from octlm.prepare.corpus import embedded_documents
+from octlm.prepare.scan import documents
+from octlm.prepare.sources import ReadOptions, find_sources
+from octlm.prepare.workers import default_workers
 
 SEP = "<|endoftext|>"
 GENERATOR = "v1"  # bump when the corpus generator changes: cached files are named after it

@@ -51,7 +51,7 @@ def datasets() -> dict[str, Path]:
     if not (demo / "manifest.json").is_file():
         octlm("prepare", "--out", str(demo), "--vocab-size", "4096", "--force")
     if not (e2e / "manifest.json").is_file():
-        from octlm.data.corpus import embedded_documents
+        from octlm.prepare.corpus import embedded_documents
 
         docs = sorted(embedded_documents(), key=lambda d: d.id)[:12]
         src = ROOT / "e2e-docs.jsonl"

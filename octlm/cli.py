@@ -15,13 +15,13 @@ from typing import Any
 
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
-from octlm.cli_data import add_data_commands
 from octlm.config import DTYPES, TrainConfig, config_keys, field_docs
 from octlm.config_files import load_toml, make_config, to_toml
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError, RankError
 from octlm.hashing import weights_sha256
 from octlm.launch import LAUNCHED_ENV, REQUEUE_SIGNALS, Launch, launch, leave_note, restart_resumes
+from octlm.prepare.cli import add_data_commands
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import build_playground, build_report, write_page

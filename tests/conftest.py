@@ -23,8 +23,8 @@ os.environ["OCTLM_CACHE"] = tempfile.mkdtemp(prefix="octlm-test-cache-")
 
 import pytest
 
-from octlm.data.corpus import Document, embedded_documents
-from octlm.data.prepare import PrepareConfig, prepare
+from octlm.prepare.corpus import Document, embedded_documents
+from octlm.prepare.text import PrepareConfig, prepare
 from octlm.tokenizer.core import Tokenizer
 from tests.shared import shared
 

@@ -20,8 +20,8 @@ from tqdm.auto import tqdm
 import octlm
 from octlm import api
 from octlm.config import TrainConfig
-from octlm.data import prepare
 from octlm.errors import OctlmError
+from octlm.prepare import text as prepare_text
 from octlm.runlog import read_log
 from octlm.train import loop
 from octlm.train.checkpoint import read_latest
@@ -71,7 +71,7 @@ def test_no_code_reaches_a_submodule_through_the_api_names() -> None:
 
 
 def test_the_progress_bars_are_tqdm_auto() -> None:
-    assert loop.tqdm is tqdm and prepare.tqdm is tqdm  # a widget in Jupyter
+    assert loop.tqdm is tqdm and prepare_text.tqdm is tqdm  # a widget in Jupyter
 
 
 def readme_snippet() -> str:

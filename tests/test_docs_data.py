@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from octlm.data.corpus import Document
 from octlm.data.shards import ShardDataset
 from octlm.hashing import file_sha256
+from octlm.prepare.corpus import Document
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 
 pa = pytest.importorskip("pyarrow")

@@ -138,7 +138,8 @@ def test_architecture_doc_quotes_the_loop_body_as_it_is() -> None:
 def test_the_data_commands_start_without_torch() -> None:
     """`octlm prepare`, `octlm tokenizer` and their encoding workers never import torch (1.5 s
     of start-up each on a 2-core machine); the training side does."""
-    code = "import sys, octlm.cli, octlm.data.pool, octlm.data.pairs; print('torch' in sys.modules)"
+    code = "import sys, octlm.cli, octlm.prepare.pool, octlm.prepare.pairs, octlm.prepare.text"
+    code += "; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

@@ -8,7 +8,6 @@ from typing import Any
 
 from octlm.config import TrainConfig
 from octlm.data.blocks import TokenBlocks, make_blocks
-from octlm.data.corpus import read_documents
 from octlm.data.order import Sampler
 from octlm.data.packed import PackedWindows
 from octlm.data.packing import LOSS_MASK_VERSION
@@ -16,6 +15,7 @@ from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows, Windows, first_windows
 from octlm.errors import OctlmError
 from octlm.evaluate import ValidationSet
+from octlm.prepare.corpus import read_documents
 from octlm.tokenizer.core import Tokenizer
 from octlm.train.distributed import DistInfo
 

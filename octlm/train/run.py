@@ -18,13 +18,13 @@ from torch import nn
 from octlm.config import TrainConfig, trajectory_changes
 from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
-from octlm.data.prepare import embedded_dataset
 from octlm.data.shards import ShardDataset
 from octlm.device import build_changes, build_info, check_device_dtype, keep_freed_host_memory
 from octlm.errors import OctlmError, ResumeError
 from octlm.evaluate import EvalResult, ValidationSet, validate
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, ModelConfig, preset
+from octlm.prepare.text import embedded_dataset
 from octlm.runlog import git_commit
 from octlm.tokenizer.core import Tokenizer
 from octlm.train import checkpoint as ckpt

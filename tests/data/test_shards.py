@@ -10,7 +10,6 @@ import struct
 import numpy as np
 import pytest
 
-from octlm.data.corpus import read_documents, split_documents
 from octlm.data.shards import (
     HEADER_BYTES,
     MAGIC,
@@ -25,6 +24,7 @@ from octlm.data.shards import (
 )
 from octlm.errors import DataError
 from octlm.hashing import file_sha256
+from octlm.prepare.corpus import read_documents, split_documents
 from octlm.tokenizer.core import Tokenizer
 
 

@@ -16,11 +16,11 @@ import torch
 from octlm.data.blocks import TokenBlocks, make_blocks
 from octlm.data.order import Sampler
 from octlm.data.packed import PackedWindows
-from octlm.data.pairs import Example, encode_examples
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.data.windows import Batch, StreamWindows, Windows, first_windows
 from octlm.evaluate import ValidationSet
 from octlm.model import IGNORE_INDEX
+from octlm.prepare.pairs import Example, encode_examples
 from octlm.tokenizer.core import Tokenizer
 
 T = 16

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from octlm.data.corpus import embedded_documents
 from octlm.data.packed import PackedWindows
 from octlm.data.packing import TARGET
 from octlm.data.shards import ShardDataset
 from octlm.evaluate import evaluate_split
 from octlm.load import load_model
+from octlm.prepare.corpus import embedded_documents
 from octlm.runlog import read_log
 from octlm.tokenizer.core import Tokenizer
 from tests.e2e.helpers import end_hash, octlm, steps_of

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.data.corpus import Document
 from octlm.load import load_model, run_tokenizer
 from octlm.model import GPT
+from octlm.prepare.corpus import Document
 from octlm.tokenizer.core import Tokenizer
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 from tests.e2e.helpers import octlm

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.generate import generate
 from octlm.load import load_model
+from octlm.prepare.text import PrepareConfig, prepare
 from octlm.runlog import read_log
 
 pytestmark = pytest.mark.slow

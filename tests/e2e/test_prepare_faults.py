@@ -87,7 +87,7 @@ def workers_of(pid: int) -> list[int]:
     found = []
     for child in map(int, children):
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-        if b"octlm.data.pool" in cmdline:
+        if b"octlm.prepare.pool" in cmdline:
             found.append(child)
     return found
 

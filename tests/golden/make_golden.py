@@ -44,7 +44,7 @@ def octlm(*args: str) -> None:
 
 
 def main(target: Path) -> None:
-    from octlm.data.corpus import embedded_documents
+    from octlm.prepare.corpus import embedded_documents
 
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from octlm.data.corpus import read_documents, split_documents
-from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
 from octlm.errors import DataError
+from octlm.prepare.corpus import read_documents, split_documents
+from octlm.prepare.text import PrepareConfig, prepare
 from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
 from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder, Splitter, use_fast_path
 

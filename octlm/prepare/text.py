@@ -27,9 +27,6 @@ import numpy as np
 from tqdm.auto import tqdm  # a widget in Jupyter, the terminal bar elsewhere
 
 from octlm.data.dataset_tokenizer import tokenizer_entry
-from octlm.data.folder import check_out, staged, write_manifest
-from octlm.data.pool import peak_rss_mb
-from octlm.data.scan import Scan, documents, find_ids, scan_corpus
 from octlm.data.shards import (
     MANIFEST_VERSION,
     SPLITS,
@@ -37,12 +34,15 @@ from octlm.data.shards import (
     ShardWriter,
     token_dtype,
 )
-from octlm.data.sources import ReadOptions, Source, find_sources
-from octlm.data.split import TRAIN, Plan, SplitRule, plan_split
-from octlm.data.workers import ChunkEncoder, check_workers, default_workers
-from octlm.data.writer import SPOOL_NAME, SplitOut, Spool, write_splits
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
+from octlm.prepare.folder import check_out, staged, write_manifest
+from octlm.prepare.pool import peak_rss_mb
+from octlm.prepare.scan import Scan, documents, find_ids, scan_corpus
+from octlm.prepare.sources import ReadOptions, Source, find_sources
+from octlm.prepare.split import TRAIN, Plan, SplitRule, plan_split
+from octlm.prepare.workers import ChunkEncoder, check_workers, default_workers
+from octlm.prepare.writer import SPOOL_NAME, SplitOut, Spool, write_splits
 from octlm.tokenizer.core import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
 from octlm.tokenizer.fastbpe import use_fast_path
 from octlm.tokenizer.hf_folder import open_tokenizer, tokenizer_json

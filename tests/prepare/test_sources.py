@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-import octlm.data.sources as sources_module
-from octlm.data.scan import documents, scan_corpus
-from octlm.data.sources import ReadOptions, find_sources
+import octlm.prepare.sources as sources_module
 from octlm.errors import DataError
+from octlm.prepare.scan import documents, scan_corpus
+from octlm.prepare.sources import ReadOptions, find_sources
 
 SEP = "<|endoftext|>"
 STORIES = [f"Once upon a time {i} there was a story number {i}.\nThe end." for i in range(40)]

@@ -1,4 +1,4 @@
-"""An ordered pool of worker processes (`python -m octlm.data.pool`), fed over pipes.
+"""An ordered pool of worker processes (`python -m octlm.prepare.pool`), fed over pipes.
 
 `ordered_map` hands item k to worker k mod N and takes the results back in item order, so a
 caller that writes them in that order writes the same bytes for any N. Why not
@@ -103,7 +103,7 @@ class _Workers:
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}  # one core each: N of them
         self.procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "octlm.data.pool"],
+                [sys.executable, "-m", "octlm.prepare.pool"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from octlm.data.pool import ordered_map
-from octlm.data.sources import TEXT, Document, ReadOptions, Source, read_source
-from octlm.data.split import KeyTable
 from octlm.errors import DataError
+from octlm.prepare.pool import ordered_map
+from octlm.prepare.sources import TEXT, Document, ReadOptions, Source, read_source
+from octlm.prepare.split import KeyTable
 
 
 @dataclass

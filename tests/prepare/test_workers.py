@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import octlm.data.writer as writer_module
-from octlm.data.prepare import PrepareConfig, prepare
-from octlm.data.sources import ReadOptions
-from octlm.data.split import SplitRule
+import octlm.prepare.writer as writer_module
+from octlm.prepare.sources import ReadOptions
+from octlm.prepare.split import SplitRule
+from octlm.prepare.text import PrepareConfig, prepare
 
 pytestmark = pytest.mark.slow  # starts worker processes
 
@@ -74,8 +74,8 @@ def test_workers_start_from_a_script_without_a_main_guard(mixed, tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(
         "from pathlib import Path\n"
-        "from octlm.data.prepare import PrepareConfig, prepare\n"
-        "from octlm.data.sources import ReadOptions\n"
+        "from octlm.prepare.text import PrepareConfig, prepare\n"
+        "from octlm.prepare.sources import ReadOptions\n"
         f"cfg = PrepareConfig(out=Path({str(tmp_path / 'd')!r}), inputs=({str(mixed)!r},),\n"
         "    read=ReadOptions(split_on='<|endoftext|>'), vocab_size=300, context=16, workers=2)\n"
         "print(prepare(cfg, progress=False)['fingerprint'])\n"

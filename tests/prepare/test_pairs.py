@@ -16,10 +16,10 @@ import pytest
 
 from octlm.data.packed import example_bounds
 from octlm.data.packing import CONTEXT, START, TARGET
-from octlm.data.pairs import PairsConfig, prepare_pairs
 from octlm.data.shards import MASKED_MANIFEST_VERSION, ShardDataset
-from octlm.data.split import SplitRule
 from octlm.errors import DataError
+from octlm.prepare.pairs import PairsConfig, prepare_pairs
+from octlm.prepare.split import SplitRule
 from octlm.tokenizer.core import Tokenizer
 
 TOKENIZER = Path(__file__).parents[1] / "golden" / "v1-micro" / "data" / "tokenizer.json"

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from octlm.data.corpus import (
+from octlm.errors import DataError
+from octlm.prepare.corpus import (
     CORPUS_SHA256,
     Document,
     embedded_bytes,
     read_documents,
     split_documents,
 )
-from octlm.errors import DataError
 
 EMBEDDED_VAL_IDS = {"as_you_like_it", "henry_iv_part_1", "romeo_and_juliet", "sonnets"}
 

@@ -8,9 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from octlm.data.pairs import FORMAT, PairsConfig, prepare_pairs
-from octlm.data.pairs import summary_lines as pairs_summary_lines
-from octlm.data.prepare import (
+from octlm.errors import OctlmError
+from octlm.prepare.pairs import FORMAT, PairsConfig, prepare_pairs
+from octlm.prepare.pairs import summary_lines as pairs_summary_lines
+from octlm.prepare.scan import documents
+from octlm.prepare.sources import ReadOptions, find_sources
+from octlm.prepare.split import DEFAULT_VAL_FRACTION, DEFAULT_VAL_TOKENS, SplitRule
+from octlm.prepare.text import (
     DEFAULT_SHARD_TOKENS,
     DEFAULT_TOKENIZER_DOC_CAP,
     DEFAULT_TOKENIZER_MAX_CHARS,
@@ -18,10 +22,6 @@ from octlm.data.prepare import (
     prepare_with_stats,
     summary_lines,
 )
-from octlm.data.scan import documents
-from octlm.data.sources import ReadOptions, find_sources
-from octlm.data.split import DEFAULT_VAL_FRACTION, DEFAULT_VAL_TOKENS, SplitRule
-from octlm.errors import OctlmError
 from octlm.tokenizer.core import DEFAULT_VOCAB_SIZE, Tokenizer, capped_sample, check_vocab_size
 
 _MAX_CHARS = f"{DEFAULT_TOKENIZER_MAX_CHARS:.0e}".replace("e+0", "e")

@@ -19,9 +19,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from octlm.data.compressed import codec_errors_named, open_decompressed
 from octlm.data.dataset_tokenizer import tokenizer_entry
-from octlm.data.folder import check_out, staged, write_manifest
 from octlm.data.packing import CONTEXT, LOSS_MASK_VERSION, START, TARGET, waste_shares
 from octlm.data.shards import (
     MASKED_MANIFEST_VERSION,
@@ -30,12 +28,14 @@ from octlm.data.shards import (
     ShardWriter,
     token_dtype,
 )
-from octlm.data.sources import JSONL, Source, find_sources
-from octlm.data.split import VAL, KeyTable, SplitRule, plan_split
-from octlm.data.tables import ARROW, PARQUET, Column, read_columns
-from octlm.data.writer import IdsDigest
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
+from octlm.prepare.compressed import codec_errors_named, open_decompressed
+from octlm.prepare.folder import check_out, staged, write_manifest
+from octlm.prepare.sources import JSONL, Source, find_sources
+from octlm.prepare.split import VAL, KeyTable, SplitRule, plan_split
+from octlm.prepare.tables import ARROW, PARQUET, Column, read_columns
+from octlm.prepare.writer import IdsDigest
 from octlm.tokenizer.core import Tokenizer
 from octlm.tokenizer.hf_folder import open_tokenizer, tokenizer_json
 

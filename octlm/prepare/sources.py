@@ -17,10 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO
 
-from octlm.data.compressed import COMPRESSIONS, codec_errors_named, open_decompressed
-from octlm.data.tables import ARROW, PARQUET, read_rows
 from octlm.errors import DataError
 from octlm.extras import require
+from octlm.prepare.compressed import COMPRESSIONS, codec_errors_named, open_decompressed
+from octlm.prepare.tables import ARROW, PARQUET, read_rows
 
 TEXT, JSONL = "text", "jsonl"
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import octlm.data.folder as folder_module
-from octlm.data.prepare import PrepareConfig, prepare, prepare_with_stats, summary_lines
+import octlm.prepare.folder as folder_module
 from octlm.data.shards import MANIFEST_NAME, ShardDataset, ShardWriter
-from octlm.data.split import SplitRule
 from octlm.errors import DataError, TokenizerError
 from octlm.hashing import file_sha256
+from octlm.prepare.split import SplitRule
+from octlm.prepare.text import PrepareConfig, prepare, prepare_with_stats, summary_lines
 from octlm.tokenizer.core import Tokenizer
 
 VOCAB = 300

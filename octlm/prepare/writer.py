@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from octlm.data.pool import ordered_map
 from octlm.data.shards import ShardWriter
-from octlm.data.sources import Document
-from octlm.data.split import CANDIDATE, VAL, Plan, take_tokens
-from octlm.data.workers import ChunkEncoder, encode_in_worker, init_worker
+from octlm.prepare.pool import ordered_map
+from octlm.prepare.sources import Document
+from octlm.prepare.split import CANDIDATE, VAL, Plan, take_tokens
+from octlm.prepare.workers import ChunkEncoder, encode_in_worker, init_worker
 
 CHUNK_CHARS = 1 << 20
 """Text per task sent to a worker: big enough to amortise the hand-over, small enough to keep

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from octlm.data.scan import documents
-from octlm.data.sources import EMBEDDED_NAME, Document, ReadOptions, find_sources
-from octlm.data.split import VAL, KeyTable, SplitRule, plan_split
 from octlm.errors import DataError
+from octlm.prepare.scan import documents
+from octlm.prepare.sources import EMBEDDED_NAME, Document, ReadOptions, find_sources
+from octlm.prepare.split import VAL, KeyTable, SplitRule, plan_split
 
 # sha256 of the uncompressed JSONL, as printed by scripts/build_corpus.py.
 CORPUS_SHA256 = "7d1dc0f402e1e20f6a0a0c90220a18da4ee43eea88e7165e9c6c2ca1cda39be0"

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from octlm.data.corpus import split_documents
-from octlm.data.prepare import PrepareConfig, prepare
 from octlm.data.shards import ShardDataset
-from octlm.data.split import CANDIDATE, VAL, KeyTable, SplitRule, plan_split, take_tokens
 from octlm.errors import DataError
 from octlm.hashing import sha256_json
+from octlm.prepare.corpus import split_documents
+from octlm.prepare.split import CANDIDATE, VAL, KeyTable, SplitRule, plan_split, take_tokens
+from octlm.prepare.text import PrepareConfig, prepare
 from octlm.tokenizer.core import Tokenizer
 
 
