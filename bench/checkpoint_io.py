@@ -52,12 +52,12 @@ from octlm.fsutil import fsync_path
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, preset
 from octlm.runlog import read_log
-from octlm.train import checkpoint as ckpt
-from octlm.train.loop import advance, train
-from octlm.train.optim import build_optimizer
-from octlm.train.run import Run, build_run
-from octlm.train.saver import BackgroundSaver
-from octlm.train.state import rng_state_dict
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.loop import advance, train
+from octlm.trainer.optim import build_optimizer
+from octlm.trainer.run import Run, build_run
+from octlm.trainer.saver import BackgroundSaver
+from octlm.trainer.state import rng_state_dict
 
 if not __package__:  # run as `python bench/checkpoint_io.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

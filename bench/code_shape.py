@@ -54,7 +54,7 @@ def module_name(root: Path, path: Path) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("root", nargs="?", default=".")
-    p.add_argument("--loop", default="octlm/train/loop.py:_loop")
+    p.add_argument("--loop", default="octlm/trainer/loop.py:_loop")
     args = p.parse_args()
     root = Path(args.root)
     files = sorted((root / "octlm").rglob("*.py"))

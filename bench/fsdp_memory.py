@@ -1,9 +1,9 @@
 """Per-rank memory of a full-state FSDP checkpoint, saved and loaded.
 
 Save: every rank gathering the whole model and both AdamW moments (how octlm did it before)
-against rank 0 alone keeping them, on the host (`octlm.train.distributed.full_model_state` /
+against rank 0 alone keeping them, on the host (`octlm.trainer.distributed.full_model_state` /
 `full_optim_state` now). Load: every rank reading the whole file (before) against rank 0 reading
-it and scattering each tensor's shards (`octlm.train.resume.find_agreed` now).
+it and scattering each tensor's shards (`octlm.trainer.resume.find_agreed` now).
 
     python -m bench.fsdp_memory [--model small] [--nproc 2]
 
@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from octlm.model import GPT, preset
-from octlm.train import checkpoint as ckpt
-from octlm.train.distributed import DistInfo, full_model_state, full_optim_state, load_full_state
-from octlm.train.optim import param_names
-from octlm.train.resume import find_agreed, load_newest_valid
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.distributed import DistInfo, full_model_state, full_optim_state, load_full_state
+from octlm.trainer.optim import param_names
+from octlm.trainer.resume import find_agreed, load_newest_valid
 
 def status(field):
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -34,7 +34,7 @@ from octlm.config_files import make_config
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak, store_peak
 from octlm.runlog import read_log
-from octlm.train.loop import train
+from octlm.trainer.loop import train
 
 if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

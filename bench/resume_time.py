@@ -37,8 +37,8 @@ import torch
 from octlm.config_files import make_config
 from octlm.runlog import RunLog, read_log
 from octlm.tools import subrun
-from octlm.train.loop import train
-from octlm.train.run import build_run, resume
+from octlm.trainer.loop import train
+from octlm.trainer.run import build_run, resume
 
 if not __package__:  # run as `python bench/resume_time.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.st_writer [--rounds 7]
 
 A checkpoint file needs its bytes on disk and their checksum (xxh3-128). Two ways to get both:
-octlm's `write_safetensors` (octlm/train/stwriter.py) hashes each tensor's bytes as it writes
+octlm's `write_safetensors` (octlm/trainer/stwriter.py) hashes each tensor's bytes as it writes
 them; `save_file` writes the file (its own Rust writer) and the file is then read back from the
 page cache and hashed (`octlm.hashing.file_checksum`). Both write into the same folder, with no
 fsync (the rest of the durable protocol, fsync and rename, is the same for either). The
@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from octlm.hashing import file_checksum
 from octlm.model import GPT, preset
-from octlm.train.stwriter import write_safetensors
+from octlm.trainer.stwriter import write_safetensors
 
 MODELS = {
     "tiny (vocab 4096)": preset("tiny", context=128),

@@ -36,8 +36,8 @@ from octlm.config_files import make_config
 from octlm.data.order import Sampler
 from octlm.model import GPT, preset
 from octlm.peak import measure_peak
-from octlm.train import step as step_module  # octlm.train is the API function (octlm/__init__.py)
-from octlm.train.loop import train
+from octlm.trainer import step as step_module
+from octlm.trainer.loop import train
 
 if not __package__:  # run as `python bench/step_mfu.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -107,7 +107,7 @@ def profile_steps(cfg, active: int) -> dict:
             return real_train_step(labelled, *a, **k)
 
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        # Patched where they are looked up: `advance` (octlm.train.step) calls train_step and
+        # Patched where they are looked up: `advance` (octlm.trainer.step) calls train_step and
         # learning_rate, train_step calls clip_grad_norm.
         patches = [
             mock.patch.object(octlm.runlog.RunLog, "write", write),

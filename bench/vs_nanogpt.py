@@ -251,7 +251,7 @@ def profile_side(side: str, checkout: Path, shape: Shape, threads: int) -> dict[
 
     from octlm.config_files import make_config
     from octlm.device import keep_freed_host_memory
-    from octlm.train.optim import build_optimizer, clip_grad_norm
+    from octlm.trainer.optim import build_optimizer, clip_grad_norm
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

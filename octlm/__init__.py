@@ -12,7 +12,6 @@ From Python (README "From Python"):
 from __future__ import annotations
 
 import sys
-import types
 from importlib import import_module
 from typing import Any
 
@@ -49,20 +48,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
-
-
-class _Facade(types.ModuleType):
-    """`octlm.train`, `octlm.load` and `octlm.generate` are also the names of submodules, and
-    importing a submodule binds it on its parent package (`octlm.load = <module>`), which would
-    hide the function. The facade refuses those bindings: the submodules stay in sys.modules,
-    where `from octlm.load import load_model` finds them; `import octlm.load` then
-    `octlm.load.load_model` does not work (tests/test_api.py keeps the package and tests free
-    of it)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _PUBLIC and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Facade

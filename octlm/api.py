@@ -12,12 +12,12 @@ from typing import Any, NamedTuple
 
 from octlm.config import TrainConfig
 from octlm.config_files import make_config
-from octlm.generate import generate_text
-from octlm.load import load_model, run_tokenizer
 from octlm.model import GPT
 from octlm.runlog import read_log
+from octlm.sampling import generate_text
 from octlm.tokenizer.core import Tokenizer
-from octlm.train.loop import train as train_run
+from octlm.trained import load_model, run_tokenizer
+from octlm.trainer.loop import train as train_run
 
 
 @dataclass(frozen=True)

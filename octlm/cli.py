@@ -57,9 +57,9 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from octlm.train.distributed import launched_by_torchrun
-    from octlm.train.init_from import check_preset
-    from octlm.train.loop import train
+    from octlm.trainer.distributed import launched_by_torchrun
+    from octlm.trainer.init_from import check_preset
+    from octlm.trainer.loop import train
 
     if args.print_config:  # checked and resolved, nothing built: --out is not touched
         print(to_toml(_config_from_args(args).resolved().to_dict()), end="")
@@ -95,7 +95,7 @@ def _given(args: argparse.Namespace, key: str) -> bool:
 
 def _cmd_verify_resume(args: argparse.Namespace) -> int:
     from octlm.tools.verify import format_result, verify_resume, with_digests
-    from octlm.train.init_from import check_preset
+    from octlm.trainer.init_from import check_preset
 
     if args.resume or args.stop_at is not None:
         raise OctlmError(
@@ -144,7 +144,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from octlm.data.dataset_tokenizer import dataset_tokenizer
     from octlm.evaluate import evaluate_split
-    from octlm.load import load_model, run_dataset
+    from octlm.trained import load_model, run_dataset
 
     model, info = load_model(args.run, device=args.device)
     dataset = run_dataset(info, args.data)
@@ -157,8 +157,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from octlm.generate import check_sampling, generate_text
-    from octlm.load import load_model, run_tokenizer
+    from octlm.sampling import check_sampling, generate_text
+    from octlm.trained import load_model, run_tokenizer
 
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
     check_sampling(args.max_new_tokens, args.temperature, args.top_k)  # before loading
@@ -169,7 +169,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_hash(args: argparse.Namespace) -> int:
-    from octlm.load import load_model
+    from octlm.trained import load_model
 
     model, info = load_model(args.run, device=args.device)
     print(f"{weights_sha256(model.state_dict())}  {info.path}")

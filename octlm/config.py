@@ -18,14 +18,14 @@ from octlm.shape import SHAPE_KEYS, resolve_shape, shape_problem
 
 DTYPES = ("fp32", "bf16", "fp16")
 ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
-SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.train.schedule)
+SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.trainer.schedule)
 DECAY_SHAPES = ("linear", "1-sqrt")
 FUSED_DEFAULT = True
 """`fused` of a new run that leaves it unset (False before octlm used fused AdamW by default)."""
 
 
 def fused_or_default(fused: bool | None) -> bool:
-    """`fused` as a run that has not looked at a run folder uses it (train/resume.py settles it)."""
+    """`fused` as a new run uses it (a resume takes its checkpoint's: trainer/resume.py)."""
     return FUSED_DEFAULT if fused is None else fused
 
 

@@ -12,7 +12,7 @@ the same command again as N worker processes per node under torch's elastic agen
   resumes from the newest intact checkpoint (`restart_resumes`), so a killed run still ends on
   the straight run's bits.
 - Signals: SIGINT, SIGTERM and SIGUSR1 (Slurm's `--signal`) reach the agent and are passed on
-  to every worker, which finish the step, agree, checkpoint and exit (octlm/train/guards.py).
+  to every worker, which finish the step, agree, checkpoint and exit (octlm/trainer/guards.py).
   With `--requeue-exit-code C`, a run stopped that way by SIGTERM or SIGUSR1 exits C, for a
   scheduler to requeue it (scripts/slurm/train.sbatch). Workers under this launcher exit 0
   when stopped (`LAUNCHED_ENV`): a non-zero worker would make the agent restart the group.

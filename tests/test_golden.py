@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from octlm.hashing import file_checksum
-from octlm.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from octlm.train.stwriter import write_safetensors
+from octlm.trainer.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from octlm.trainer.stwriter import write_safetensors
 from tests.old_code import extract, run_old
 from tests.shared import shared
 

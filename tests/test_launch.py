@@ -14,8 +14,8 @@ import pytest
 from octlm.cli import main
 from octlm.errors import OctlmError
 from octlm.launch import AGENT_SIGNALS, NOTES_ENV, Launch, stopped_by_scheduler, worker_argv
-from octlm.train.distributed import DistInfo, peer_failure
-from octlm.train.guards import REPEAT_WINDOW, StopFlag
+from octlm.trainer.distributed import DistInfo, peer_failure
+from octlm.trainer.guards import REPEAT_WINDOW, StopFlag
 
 
 def test_worker_argv_drops_the_launch_flags_in_both_forms() -> None:

@@ -23,9 +23,9 @@ from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.device import autocast, check_dtype
 from octlm.errors import OctlmError
-from octlm.load import load_model, run_dataset
-from octlm.train.checkpoint import CheckpointInfo
-from octlm.train.inputs import windows
+from octlm.trained import load_model, run_dataset
+from octlm.trainer.checkpoint import CheckpointInfo
+from octlm.trainer.inputs import windows
 
 FP16_MIN_SUBNORMAL = 2.0**-24  # smaller magnitudes flush to zero in FP16
 FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits

@@ -92,8 +92,8 @@ def export_hf(
     from safetensors.torch import save_file
 
     from octlm.data.dataset_tokenizer import tokenizer_at
-    from octlm.load import load_weights, tokenizer_file
     from octlm.model import ModelConfig
+    from octlm.trained import load_weights, tokenizer_file
 
     out = Path(out)
     _refuse_non_empty(out, force)
@@ -140,8 +140,8 @@ def export_safetensors(run_or_ckpt: str | Path, out: str | Path, *, force: bool 
         raise OctlmError(f"{out} is a folder", "name a file ending in .safetensors")
     from safetensors.torch import save_file
 
-    from octlm.load import load_weights
-    from octlm.train.checkpoint import snapshot_header
+    from octlm.trained import load_weights
+    from octlm.trainer.checkpoint import snapshot_header
 
     target = out if out.suffix == ".safetensors" else out / SAFETENSORS_NAME
     info, weights = load_weights(run_or_ckpt)

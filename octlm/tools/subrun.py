@@ -20,7 +20,7 @@ PER_LAUNCH_KEYS = ("out", "resume", "stop_at", "progress")
 
 def write_config(cfg: TrainConfig, path: Path) -> Path:
     """The TOML every launched run reads: `cfg` without PER_LAUNCH_KEYS, data resolved."""
-    from octlm.train.run import resolve_data  # prepares the embedded corpus on first use
+    from octlm.trainer.run import resolve_data  # prepares the embedded corpus on first use
 
     values = {k: v for k, v in cfg.to_dict().items() if k not in PER_LAUNCH_KEYS}
     values["data"] = str(resolve_data(cfg).resolve())

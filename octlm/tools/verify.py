@@ -22,7 +22,7 @@ from octlm.hashing import weights_sha256
 from octlm.runlog import LOG_NAME, read_log
 from octlm.tools import subrun
 from octlm.tools.rundiff import diff_runs, tensor_verdict
-from octlm.train import checkpoint as ckpt
+from octlm.trainer import checkpoint as ckpt
 
 
 @dataclass(frozen=True)

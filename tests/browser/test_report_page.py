@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from octlm.train.schedule import learning_rate
+from octlm.trainer.schedule import learning_rate
 
 pytestmark = pytest.mark.slow
 

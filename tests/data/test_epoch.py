@@ -28,7 +28,7 @@ def block_stream(n_blocks: int = N_BLOCKS, tail: int = 3) -> TokenStream:
 
 
 def windows_of(stream: TokenStream, order: str) -> StreamWindows:
-    """A stream's windows for `order` (train/inputs.py): aligned blocks for the epoch order,
+    """A stream's windows for `order` (trainer/inputs.py): aligned blocks for the epoch order,
     every offset for the random one."""
     return StreamWindows(stream, T, T + 1 if order == "epoch" else 1, "")
 

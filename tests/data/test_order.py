@@ -162,7 +162,7 @@ def test_overfit_blocks_may_use_a_stream_of_exactly_that_many_blocks() -> None:
     assert set(x[:, 0].tolist()) == {0, width, 2 * width}
     assert int(y.max()) == 3 * width - 1  # the last block ends on the stream's last token
     # One token short: two blocks fit, not the three --overfit-blocks asks for
-    # (tests/train/test_inputs.py: a run refuses it as too short).
+    # (tests/trainer/test_inputs.py: a run refuses it as too short).
     short = TokenStream([np.arange(3 * width - 1, dtype=np.uint16)])
     assert len(aligned_blocks(short)) == 2
 

@@ -16,7 +16,7 @@ import torch
 
 from octlm.config_files import make_config
 from octlm.runlog import read_log
-from octlm.train import checkpoint as ckpt
+from octlm.trainer import checkpoint as ckpt
 
 STEPS = 8
 QUICK_CONTEXT = 32

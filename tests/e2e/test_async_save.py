@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from octlm.runlog import RunLog, read_log
-from octlm.train import checkpoint as ckpt
-from octlm.train import loop
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer import loop
 from tests.e2e.helpers import end_hash, listed, run_cfg
 
 pytestmark = pytest.mark.slow

@@ -17,9 +17,9 @@ import pytest
 from octlm.errors import OctlmError
 from octlm.hashing import file_checksum
 from octlm.runlog import read_log
-from octlm.train import checkpoint as ckpt
-from octlm.train import loop
-from octlm.train import step as step_module
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer import loop
+from octlm.trainer import step as step_module
 from tests.e2e.helpers import end_hash, listed, octlm, run_cfg, train_args
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.train import checkpoint as ckpt
+from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import DIST_FLAGS, end_hash, octlm, steps_of
 from tests.e2e.helpers import DIST_STEPS as STEPS
 from tests.e2e.helpers import dist_args as args
@@ -170,9 +170,9 @@ import json, sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from octlm.train import checkpoint as ckpt
-from octlm.train.distributed import DistInfo
-from octlm.train.resume import find_agreed
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.distributed import DistInfo
+from octlm.trainer.resume import find_agreed
 
 run, out = Path(sys.argv[1]), Path(sys.argv[2])
 dist.init_process_group("gloo")

@@ -22,9 +22,9 @@ import torch
 from octlm.cli import main
 from octlm.config_files import make_config
 from octlm.data.shards import ShardDataset
-from octlm.load import load_model
 from octlm.runlog import read_log
-from octlm.train.run import build_run
+from octlm.trained import load_model
+from octlm.trainer.run import build_run
 from tests.e2e.helpers import QUICK_CONTEXT, QUICK_RUN, end_hash, octlm
 from tests.hf_folders import DROP, config_variant, corpus_texts
 from tests.hf_folders import random_llama as random_llama_folder
@@ -420,7 +420,7 @@ def test_verify_resume_verifies_a_fine_tune_of_a_source_of_another_shape(
 def test_an_exported_safetensors_folder_is_a_source(source, tmp_path) -> None:
     """`octlm export --format safetensors RUN OUT` writes OUT/model.safetensors with octlm's
     header and no config.json: OUT is read as that snapshot."""
-    from octlm.train.init_from import read_source
+    from octlm.trainer.init_from import read_source
 
     octlm("export", str(source), str(tmp_path / "weights"), "--format", "safetensors")
     read = read_source(str(tmp_path / "weights"))

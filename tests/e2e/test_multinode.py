@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.train import checkpoint as ckpt
+from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import DIST_FLAGS, dist_args, end_hash, steps_of
 from tests.e2e.helpers import DIST_STEPS as STEPS
 

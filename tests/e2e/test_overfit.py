@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from octlm.data.shards import ShardDataset
-from octlm.generate import generate
-from octlm.load import load_model
 from octlm.prepare.text import PrepareConfig, prepare
 from octlm.runlog import read_log
+from octlm.sampling import generate
+from octlm.trained import load_model
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from octlm.runlog import read_log
-from octlm.train import checkpoint as ckpt
+from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import (
     STEPS,
     assert_same_run,

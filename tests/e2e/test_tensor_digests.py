@@ -15,9 +15,9 @@ from octlm.cli import main
 from octlm.model import GPT, PRESETS
 from octlm.runlog import read_log
 from octlm.tools.rundiff import diff_folders
-from octlm.train import checkpoint as ckpt
-from octlm.train import loop
-from octlm.train import step as step_module
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer import loop
+from octlm.trainer import step as step_module
 from tests.e2e.helpers import (
     DIST_FLAGS,
     DIST_STEPS,

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from octlm.runlog import LOG_NAME, RunLog
-from octlm.train.checkpoint import save_checkpoint
+from octlm.trainer.checkpoint import save_checkpoint
 
 TOKENS_PER_STEP = 64
 CUT_LINE = '{"type": "step", "step": 99, "loss": 4.'  # a line a kill cut short

@@ -20,12 +20,12 @@ from safetensors.torch import save_file
 from octlm.cli import main
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
-from octlm.generate import generate
 from octlm.hashing import file_sha256, weights_sha256
-from octlm.load import load_model
 from octlm.model import GPT, ModelConfig
+from octlm.sampling import generate
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
+from octlm.trained import load_model
 
 # Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).
 pytestmark = pytest.mark.slow

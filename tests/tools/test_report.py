@@ -22,7 +22,7 @@ from octlm.runlog import RunLog
 from octlm.tools.report import report as page
 from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets
 from octlm.tools.report.runs import load_run, load_runs
-from octlm.train.schedule import learning_rate
+from octlm.trainer.schedule import learning_rate
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULE_JS = REPO / "octlm" / "tools" / "report" / "assets" / "schedule.js"

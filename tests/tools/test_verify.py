@@ -15,8 +15,8 @@ from octlm.errors import OctlmError
 from octlm.runlog import RunLog, read_log
 from octlm.tools import subrun
 from octlm.tools.verify import format_result, verify_resume, with_digests
-from octlm.train.checkpoint import read_latest
-from octlm.train.init_from import FIX_SOURCE
+from octlm.trainer.checkpoint import read_latest
+from octlm.trainer.init_from import FIX_SOURCE
 from tests.tools.helpers import (
     CUT_LINE,
     GARBAGE_LINE,

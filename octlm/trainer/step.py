@@ -18,8 +18,8 @@ from torch import nn
 from octlm.device import autocast
 from octlm.hashing import tensor_digests
 from octlm.model import IGNORE_INDEX
-from octlm.train.noise import MicroGradTracker, simple_noise_scale
-from octlm.train.optim import clip_grad_norm, set_lr
+from octlm.trainer.noise import MicroGradTracker, simple_noise_scale
+from octlm.trainer.optim import clip_grad_norm, set_lr
 
 Batch = tuple[torch.Tensor, ...]
 """(inputs, targets) or, for packed examples, (inputs, targets, segments): CPU tensors (B, T)."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from octlm.model import GPT, IGNORE_INDEX, preset
-from octlm.train.noise import MicroGradTracker, noise_components, simple_noise_scale
+from octlm.trainer.noise import MicroGradTracker, noise_components, simple_noise_scale
 
 D, SIGMA, TRUE_B = 256, 1.5, 48.0
 MU = np.full(D, math.sqrt(D * SIGMA**2 / TRUE_B / D))  # |mu|^2 = d sigma^2 / TRUE_B

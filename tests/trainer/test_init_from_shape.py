@@ -6,7 +6,7 @@ import pytest
 
 from octlm.config import TrainConfig
 from octlm.model import PRESETS
-from octlm.train.init_from import InitFromError, check_preset, check_shape_keys
+from octlm.trainer.init_from import InitFromError, check_preset, check_shape_keys
 
 SOURCE = PRESETS["tiny"].to_dict()
 

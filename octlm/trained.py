@@ -18,7 +18,7 @@ from octlm.errors import OctlmError
 from octlm.hashing import file_sha256
 from octlm.model import GPT, ModelConfig
 from octlm.tokenizer.core import Tokenizer
-from octlm.train import checkpoint as ckpt
+from octlm.trainer import checkpoint as ckpt
 
 
 def load_weights(run_or_ckpt: str | Path) -> tuple[ckpt.CheckpointInfo, dict[str, torch.Tensor]]:

@@ -257,7 +257,7 @@ def _gathered(items, keep: bool) -> dict:
 def _like(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """`full` laid out like `param`: sharded the same way when `param` is a DTensor. Only rank
     0's values count (`src_data_rank=0`: it scatters the shards), so the other ranks may pass a
-    shape-only `meta` placeholder (octlm/train/resume.py), which stands for one whole
+    shape-only `meta` placeholder (octlm/trainer/resume.py), which stands for one whole
     tensor of scratch memory here for as long as the scatter takes."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 

@@ -1,4 +1,4 @@
-"""Tests for octlm.train.optim: decay groups, the fused kernel, and global-norm clipping."""
+"""Tests for octlm.trainer.optim: decay groups, the fused kernel, and global-norm clipping."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from octlm.config import FUSED_DEFAULT, TrainConfig
 from octlm.config_files import make_config
 from octlm.model import GPT, preset
-from octlm.train.checkpoint import CheckpointInfo
-from octlm.train.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
-from octlm.train.resume import settled_defaults
+from octlm.trainer.checkpoint import CheckpointInfo
+from octlm.trainer.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
+from octlm.trainer.resume import settled_defaults
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128

@@ -1,4 +1,4 @@
-"""Tests for octlm.train.checkpoint and octlm.train.state: pickle-free safetensors files, atomic
+"""Tests for octlm.trainer.checkpoint and octlm.trainer.state: pickle-free safetensors files, atomic
 saves, sha256 and version checks, the latest.json rotation, the v1 layout of a run's state,
 optimizer and RNG round-trips, and a Run's state_dict/resume."""
 
@@ -20,8 +20,8 @@ from safetensors.torch import save, save_file
 from octlm.config import TrainConfig
 from octlm.hashing import file_checksum, file_sha256
 from octlm.model import GPT, preset
-from octlm.train import checkpoint as ckpt
-from octlm.train.checkpoint import (
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.checkpoint import (
     CKPT_DIR,
     FORMAT,
     FORMAT_VERSION,
@@ -40,9 +40,9 @@ from octlm.train.checkpoint import (
     unflatten,
     unpack,
 )
-from octlm.train.loop import advance as advance_one
-from octlm.train.run import Run, build_run, resume
-from octlm.train.state import TrainState, load_rng_state_dict, rng_state_dict
+from octlm.trainer.loop import advance as advance_one
+from octlm.trainer.run import Run, build_run, resume
+from octlm.trainer.state import TrainState, load_rng_state_dict, rng_state_dict
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128

@@ -26,8 +26,8 @@ from octlm.model import GPT, PRESETS, ModelConfig
 from octlm.runlog import LOG_NAME
 from octlm.shape import SHAPE_KEYS
 from octlm.tokenizer.core import Tokenizer
-from octlm.train import checkpoint as ckpt
-from octlm.train.resume import load_newest_valid
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.resume import load_newest_valid
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HF_CONFIG, HF_WEIGHTS, HF_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"

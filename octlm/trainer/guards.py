@@ -25,8 +25,8 @@ import torch
 from octlm.errors import OctlmError, RankError
 from octlm.fsutil import atomic_write_bytes
 from octlm.runlog import LOG_NAME
-from octlm.train.checkpoint import read_latest
-from octlm.train.distributed import DistInfo, agree, broadcast_json
+from octlm.trainer.checkpoint import read_latest
+from octlm.trainer.distributed import DistInfo, agree, broadcast_json
 
 
 def has_run(out: Path) -> bool:

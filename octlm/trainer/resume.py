@@ -34,8 +34,8 @@ import torch
 
 from octlm.config import TrainConfig, fused_or_default
 from octlm.errors import RankError, ResumeError
-from octlm.train import checkpoint as ckpt
-from octlm.train.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
 
 
 class Found(NamedTuple):

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from octlm.train.saver import BackgroundSaver
+from octlm.trainer.saver import BackgroundSaver
 
 
 def test_inline_saver_writes_before_submit_returns() -> None:

@@ -27,12 +27,12 @@ from octlm.hashing import tensor_digests, weights_sha256
 from octlm.peak import peak_flops
 from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
-from octlm.train import checkpoint as ckpt
-from octlm.train.distributed import agree_max, peer_failure, shutdown
-from octlm.train.guards import TOKEN_NAME, RunLock, StopFlag, has_run
-from octlm.train.run import Run, build_run, resume
-from octlm.train.schedule import learning_rate
-from octlm.train.step import NonFiniteError, StepResult, train_step
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.distributed import agree_max, peer_failure, shutdown
+from octlm.trainer.guards import TOKEN_NAME, RunLock, StopFlag, has_run
+from octlm.trainer.run import Run, build_run, resume
+from octlm.trainer.schedule import learning_rate
+from octlm.trainer.step import NonFiniteError, StepResult, train_step
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load
 
 from octlm.hashing import file_checksum
-from octlm.train.stwriter import write_safetensors
+from octlm.trainer.stwriter import write_safetensors
 
 
 def sample() -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Tests for octlm.train.schedule: the learning rate is a pinned, pure function of the step."""
+"""Tests for octlm.trainer.schedule: the learning rate is a pinned, pure function of the step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from octlm.config import TrainConfig
-from octlm.train.schedule import learning_rate
+from octlm.trainer.schedule import learning_rate
 
 PEAK = 1e-3
 

@@ -27,7 +27,7 @@ from octlm.config import TrainConfig
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, atomic_write_bytes
 from octlm.hashing import checksum_algo, checksum_matches
-from octlm.train.stwriter import write_safetensors
+from octlm.trainer.stwriter import write_safetensors
 
 FORMAT = "octlm-checkpoint"
 FORMAT_VERSION = 1

@@ -1,4 +1,4 @@
-"""Tests for octlm.train.step: exact gradient accumulation, the masked mean, mixed precision.
+"""Tests for octlm.trainer.step: exact gradient accumulation, the masked mean, mixed precision.
 
 Gradients are captured with a real optimizer's step pre-hook, i.e. exactly what `train_step`
 hands to `optimizer.step()` (after unscaling and clipping).
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from octlm.model import GPT, IGNORE_INDEX, preset
-from octlm.train.step import StepSetup, train_step
+from octlm.trainer.step import StepSetup, train_step
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128

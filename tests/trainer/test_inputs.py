@@ -1,4 +1,4 @@
-"""Tests for octlm.train.inputs: `windows` builds each split's source from the config (which
+"""Tests for octlm.trainer.inputs: `windows` builds each split's source from the config (which
 windows a stream offers follows the data order), refuses a stream too short for the run, and the
 validation set and the data fingerprint come from the windows."""
 
@@ -14,8 +14,8 @@ from octlm.data.blocks import TokenBlocks
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.data.windows import StreamWindows
 from octlm.errors import OctlmError
-from octlm.train.distributed import DistInfo
-from octlm.train.inputs import build_sampler, packing_record, validation_set, windows
+from octlm.trainer.distributed import DistInfo
+from octlm.trainer.inputs import build_sampler, packing_record, validation_set, windows
 
 T = 8
 

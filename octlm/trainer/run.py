@@ -27,8 +27,8 @@ from octlm.model import GPT, ModelConfig, preset
 from octlm.prepare.text import embedded_dataset
 from octlm.runlog import git_commit
 from octlm.tokenizer.core import Tokenizer
-from octlm.train import checkpoint as ckpt
-from octlm.train.distributed import (
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.distributed import (
     DistInfo,
     all_reduce_sum,
     barrier,
@@ -40,20 +40,20 @@ from octlm.train.distributed import (
     sync_context,
     wrap_model,
 )
-from octlm.train.guards import check_shared_folder
-from octlm.train.init_from import InitPlan, load_into, plan_init
-from octlm.train.inputs import build_sampler, packing_record, validation_set, windows
-from octlm.train.optim import build_optimizer, param_names
-from octlm.train.resume import Found, find_agreed, settle
-from octlm.train.saver import BackgroundSaver
-from octlm.train.state import (
+from octlm.trainer.guards import check_shared_folder
+from octlm.trainer.init_from import InitPlan, load_into, plan_init
+from octlm.trainer.inputs import build_sampler, packing_record, validation_set, windows
+from octlm.trainer.optim import build_optimizer, param_names
+from octlm.trainer.resume import Found, find_agreed, settle
+from octlm.trainer.saver import BackgroundSaver
+from octlm.trainer.state import (
     TrainState,
     configure_determinism,
     load_rng_state_dict,
     rng_state_dict,
     seed_everything,
 )
-from octlm.train.step import StepSetup
+from octlm.trainer.step import StepSetup
 
 
 def resolve_data(cfg: TrainConfig) -> Path:

@@ -1,4 +1,4 @@
-"""Tests for octlm.generate: greedy decoding, seeded sampling, top-k, no global RNG use, text in
+"""Tests for octlm.sampling: greedy decoding, seeded sampling, top-k, no global RNG use, text in
 and out, and settings that cannot sample refused in one line (`octlm generate` too)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 from octlm.cli import main
 from octlm.errors import OctlmError
-from octlm.generate import check_sampling, generate, generate_text
 from octlm.model import GPT, preset
+from octlm.sampling import check_sampling, generate, generate_text
 from octlm.tokenizer.core import Tokenizer
 
 CONTEXT = 32

@@ -1,4 +1,4 @@
-"""octlm.load, a trained run opened for use: the model of a run folder, a checkpoint file or a
+"""octlm.trained, a trained run opened for use: the model of a run folder, a checkpoint file or a
 weights-only snapshot gives the trained model's logits exactly; its tokenizer and dataset are
 found through the checkpoint's data folder and checked by fingerprint; bad input is one line.
 
@@ -17,9 +17,9 @@ from octlm.cli import main
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
-from octlm.load import load_model, load_weights, run_dataset, run_tokenizer, tokenizer_file
 from octlm.model import GPT, preset
-from octlm.train.checkpoint import (
+from octlm.trained import load_model, load_weights, run_dataset, run_tokenizer, tokenizer_file
+from octlm.trainer.checkpoint import (
     CheckpointError,
     CheckpointInfo,
     save_checkpoint,

@@ -17,7 +17,7 @@ from octlm.errors import OctlmError
 from octlm.evaluate import ValidationSet
 from octlm.prepare.corpus import read_documents
 from octlm.tokenizer.core import Tokenizer
-from octlm.train.distributed import DistInfo
+from octlm.trainer.distributed import DistInfo
 
 
 def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split: str) -> Windows:
