@@ -4,18 +4,20 @@ No re-export under `noqa: F401`, no underscore name imported from another module
 file over 400 lines nor function over 60, and the rooms' import directions: `octlm/trainer/`
 imports no tool, no `octlm.trained` and no CLI; nothing below the tools imports `octlm.tools`;
 `octlm/tokenizer/` (which `data/` imports) imports only itself and the base (`errors`,
-`hashing`, `fsutil`).
+`hashing`, `fsutil`). And the map: docs/architecture.md has one row per module.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "octlm"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 BASE = ("octlm.errors", "octlm.hashing", "octlm.fsutil")  # import no other octlm module
 # A file over 400 lines is a prompt to split it by concept, never to move code into a room named
@@ -130,9 +132,66 @@ def test_the_rules_catch_what_they_forbid(tmp_path) -> None:
 
 
 def test_architecture_doc_quotes_the_loop_body_as_it_is() -> None:
-    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    doc = ARCHITECTURE.read_text()
     quoted = doc.split("```python\n", 1)[1].split("```", 1)[0]
     assert quoted in (PACKAGE / "trainer" / "loop.py").read_text()
+
+
+def holds_code(tree: ast.Module) -> bool:
+    """More than a docstring: a package's `__init__.py` that is only its docstring has no row in
+    the map (the docstring is the text above its room's table)."""
+    body = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
+    return bool(body)
+
+
+def mapped_modules() -> set[str]:
+    """The modules the map must name, relative to octlm/: every .py file, a package's
+    `__init__.py` only when it holds more than its docstring."""
+    return {
+        name.removeprefix("octlm/")
+        for name, text in sources().items()
+        if not name.endswith("__init__.py") or holds_code(ast.parse(text))
+    }
+
+
+def map_rows(doc: str) -> list[str]:
+    """The module of each table row of `doc` whose first cell is a backticked `*.py` path."""
+    return re.findall(r"^\|\s*`([\w/]+\.py)`\s*\|", doc, flags=re.MULTILINE)
+
+
+def map_problems(doc: str, modules: set[str]) -> dict[str, list[str]]:
+    """What keeps `doc` from being one row per module: modules with no row (missing), rows
+    naming no module (stale), modules with more than one row (twice)."""
+    rows = map_rows(doc)
+    problems = {
+        "missing": sorted(modules - set(rows)),
+        "stale": sorted(set(rows) - modules),
+        "twice": sorted({r for r in rows if rows.count(r) > 1}),
+    }
+    return {kind: names for kind, names in problems.items() if names}
+
+
+def test_the_architecture_map_has_one_row_per_module() -> None:
+    """docs/architecture.md is the map of the package: a new module gets its row, a moved or
+    removed one loses it, in the same commit."""
+    assert map_problems(ARCHITECTURE.read_text(), mapped_modules()) == {}
+
+
+def test_the_map_check_catches_a_missing_a_stale_and_a_doubled_row() -> None:
+    doc = (
+        "| module | job |\n|---|---|\n"
+        "| `cli.py` | the command |\n| `cli.py` | again |\n"
+        "| `train/loop.py` | moved |\n| `log.jsonl` | not a module |\n"
+        "text naming `api.py` outside a table\n"
+    )
+    assert map_rows(doc) == ["cli.py", "cli.py", "train/loop.py"]
+    assert map_problems(doc, {"cli.py", "api.py"}) == {
+        "missing": ["api.py"],
+        "stale": ["train/loop.py"],
+        "twice": ["cli.py"],
+    }
+    assert "data/__init__.py" not in mapped_modules()  # only its docstring
+    assert {"__init__.py", "__main__.py", "trainer/run.py"} <= mapped_modules()
 
 
 def test_the_data_commands_start_without_torch() -> None:
