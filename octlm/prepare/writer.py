@@ -1,4 +1,4 @@
-"""The second pass of `prepare`: documents encoded (in worker processes) and written to their
+"""The last pass of `prepare`: documents encoded (in worker processes) and written to their
 split's shards, in input order.
 
 Documents go to the workers in chunks of about 1 MB of text and come back in the order they

@@ -1,8 +1,9 @@
 """One run's built parts, and the state that a checkpoint captures from them.
 
 `build_run(cfg)` decides what the parts depend on (an elastic resume's accumulation, the data
-folder) before building any, in an order that is part of the bits. `Run.state_dict()` is each
-part's state under the checkpoint's keys; `resume` loads the newest valid checkpoint back."""
+folder, the checkpoint a resume reads) before building any, in an order that is part of the
+bits. `Run.state_dict()` is each part's state under the checkpoint's keys; `resume` loads the
+checkpoint `build_run` found (trainer/resume.py)."""
 
 from __future__ import annotations
 
