@@ -13,7 +13,6 @@ from octlm import checks
 from octlm.config import ConfigError, TrainConfig, config_keys
 from octlm.config_checks import unknown_keys_problem
 
-SWEEP_KEYS = ("grid", "sets", "repeats")
 # Package data (pyproject.toml): the same files in a checkout and in an installed wheel.
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -43,16 +42,13 @@ def config_path(name_or_path: str | Path) -> Path:
 def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """(train keys, [sweep] table) of a TOML file or shipped config; unknown keys are errors.
     The [sweep] table (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read
-    only with `sweep`."""
+    only with `sweep`; the sweep checks it (`octlm.tools.sweep_plan.sweep_table`)."""
     path = config_path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the file") from None
-    table = data.pop("sweep", {}) if sweep else {}
-    if not isinstance(table, dict) or set(table) - set(SWEEP_KEYS):
-        bad = sorted(set(table) - set(SWEEP_KEYS)) if isinstance(table, dict) else table
-        raise ConfigError(f"{path}: unknown [sweep] key(s) {bad}", f"use {', '.join(SWEEP_KEYS)}")
+    table = data.pop("sweep", {}) if sweep else {}  # checked by octlm.tools.sweep_plan
     problem = unknown_keys_problem(data, config_keys())
     if problem is not None:
         raise ConfigError(f"{path}: {problem[0]}", problem[1])
