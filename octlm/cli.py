@@ -72,6 +72,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
         max_restarts=args.max_restarts,
+        requeue_exit_code=args.requeue_exit_code,
     )
     if spec.needed and not launched_by_torchrun():
         return launch(spec, sys.argv[1:], Path(cfg.out), args.requeue_exit_code)
