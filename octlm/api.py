@@ -6,15 +6,18 @@ in and out instead of flags and printed lines; errors stay `OctlmError`s (raised
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from octlm import checks
 from octlm.config import TrainConfig
 from octlm.config_files import make_config
+from octlm.errors import OctlmError
 from octlm.model import GPT
 from octlm.runlog import read_log
-from octlm.sampling import generate_text
+from octlm.sampling import check_sampling, generate_text
 from octlm.tokenizer.core import Tokenizer
 from octlm.trained import load_model, run_tokenizer
 from octlm.trainer.loop import train as train_run
@@ -55,6 +58,11 @@ def train(config: TrainConfig | str | Path, **overrides: Any) -> RunResult:
     Ctrl-C (a notebook's interrupt) finishes the step, checkpoints and returns with
     `stopped_early`; a second one raises KeyboardInterrupt. The signal handlers are put back
     afterwards, and a run started off the main thread installs none."""
+    if not isinstance(config, TrainConfig | str | os.PathLike):
+        raise OctlmError(
+            f"config={checks.shown(config)} is not a TrainConfig, a TOML path or a shipped name",
+            "pass octlm.TrainConfig(...), a path such as 'run.toml', or a name such as 'tiny'",
+        )
     if isinstance(config, TrainConfig):
         cfg = dataclasses.replace(config, **overrides)
     else:
@@ -74,6 +82,10 @@ def train(config: TrainConfig | str | Path, **overrides: Any) -> RunResult:
 def load(run: str | Path, device: str = "cpu", data: str | Path | None = None) -> LoadedRun:
     """A run folder, checkpoint or snapshot: its model (eval mode, on `device`), the tokenizer
     of the dataset it trained on (or of `data`, checked against the run), and its metadata."""
+    checks.check_path("run", run)
+    checks.check("device", device, checks.Text(), "use 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
+    if data is not None:
+        checks.check_path("data", data)
     model, info = load_model(run, device=device)
     return LoadedRun(model, run_tokenizer(info, data), {**info.meta, "path": str(info.path)})
 
@@ -90,8 +102,40 @@ def generate(
     """`prompt` and its continuation, as `octlm generate` prints it: greedy at temperature 0,
     else sampled with top-k from a generator seeded with `seed` (the same text every time).
     `run` is what `load` returned (or its three parts), or a path to load first."""
-    loaded = LoadedRun(*run) if isinstance(run, tuple) else load(run)
+    _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
+    loaded = _loaded(run)
     sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
     return generate_text(
         loaded.model, loaded.tokenizer, prompt, max_new_tokens=max_new_tokens, **sampling
     )
+
+
+def _loaded(run: Any) -> LoadedRun:
+    """What `generate` samples from: a loaded run as it is, or a path loaded first."""
+    if not isinstance(run, tuple):
+        return load(run)
+    parts = (GPT, Tokenizer, dict)
+    if len(run) != 3 or not all(isinstance(x, t) for x, t in zip(run, parts, strict=True)):
+        raise OctlmError(
+            f"run={checks.shown(run)} is not what octlm.load returns (model, tokenizer, meta)",
+            "pass octlm.load(...)'s result, or a run folder's path",
+        )
+    return LoadedRun(*run)
+
+
+def _check_sampling(
+    prompt: Any, max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any
+) -> None:
+    """The CLI's checks of the sampling settings (its messages), and the types and bounds that
+    argparse sees to on the command line, before anything is loaded."""
+    if not isinstance(prompt, str):
+        raise OctlmError(f"prompt={checks.shown(prompt)} must be a string", "pass the text")
+    numbers = checks.is_int(max_new_tokens) and isinstance(temperature, int | float)
+    if numbers and (top_k is None or checks.is_int(top_k)):
+        check_sampling(max_new_tokens, temperature, top_k)
+    fix = "see help(octlm.generate)"
+    checks.check("max_new_tokens", max_new_tokens, checks.Int(0), fix)
+    checks.check("temperature", temperature, checks.Number(0), fix)
+    if top_k is not None:
+        checks.check("top_k", top_k, checks.Int(1), fix)
+    checks.check("seed", seed, checks.Int(-(2**63), 2**64 - 1), "use a seed torch takes")

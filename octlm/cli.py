@@ -26,7 +26,8 @@ from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import build_playground, build_report, write_page
 from octlm.tools.rundiff import diff_folders
-from octlm.tools.sweep import base_from, run_sweep
+from octlm.tools.sweep import run_sweep
+from octlm.tools.sweep_plan import base_from
 
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
 SHARED_ERROR_GRACE_S = 3.0
@@ -72,6 +73,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
         max_restarts=args.max_restarts,
+        requeue_exit_code=args.requeue_exit_code,
     )
     if spec.needed and not launched_by_torchrun():
         return launch(spec, sys.argv[1:], Path(cfg.out), args.requeue_exit_code)
@@ -113,11 +115,8 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     base, table = base_from(args.config, _overrides(args, skip=("out",)))
-    out = Path(args.out or "sweeps/sweep")
     runs = {"grids": args.grid, "sets": args.set, "repeats": args.repeats, "jobs": args.jobs}
-    run_sweep(base, table, out=out, **runs)
-    print((out / "summary.md").read_text(), end="")
-    print(f"wrote {out / 'summary.md'} and {out / 'summary.csv'}")
+    run_sweep(base, table, out=args.out, **runs)  # prints the summary; failed runs raise
     return 0
 
 

@@ -9,12 +9,20 @@ logging may change freely.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from octlm.errors import OctlmError
+from octlm import checks
+from octlm.config_checks import (
+    CHANGE_IT,
+    DEVICE_PATTERN,
+    ConfigError,
+    field_rule,
+    named_settings_only,
+)
 from octlm.hashing import sha256_json
-from octlm.shape import SHAPE_KEYS, resolve_shape, shape_problem
+from octlm.shape import SHAPE_KEYS, memory_problem, resolve_shape, shape_problem
 
 DTYPES = ("fp32", "bf16", "fp16")
 ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
@@ -30,10 +38,6 @@ def fused_or_default(fused: bool | None) -> bool:
 
 
 TRACKERS = ("tensorboard", "wandb")  # --log-to (octlm.trackers); each is its own extra
-
-
-class ConfigError(OctlmError):
-    """A bad setting in a TOML file or on the command line."""
 
 
 def _trajectory(default: Any) -> Any:
@@ -52,6 +56,7 @@ def _setting(default: Any) -> Any:
     return field(default=default, metadata={"trajectory": False})
 
 
+@named_settings_only
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     model: str = _trajectory("small")
@@ -188,36 +193,10 @@ class TrainConfig:
     wandb (the run id kept in OUT/wandb_id; WANDB_MODE=offline needs no network)."""
 
     def __post_init__(self) -> None:
+        self._check_fields()
         from octlm.model import PRESETS  # lazy: the CLI parser must not pay for importing torch
 
         _check(self.model in PRESETS, f"model {self.model!r} is unknown", f"use {sorted(PRESETS)}")
-        for name in ("steps", "micro_batch", "accum", "context"):
-            value = getattr(self, name)
-            _check(_is_int(value) and value > 0, f"{name}={value!r} must be a positive integer")
-        for name in ("warmup", "val_every", "val_batches", "ckpt_every", "overfit_blocks", "seed"):
-            value = getattr(self, name)
-            _check(_is_int(value) and value >= 0, f"{name}={value!r} must be an integer >= 0")
-        _check(_is_int(self.keep_last) and self.keep_last >= 1, "keep_last must be >= 1")
-        _check(
-            self.warmup <= self.steps,
-            f"warmup={self.warmup} is longer than steps={self.steps}",
-            "use --warmup at most --steps",
-        )
-        if self.hash_every is not None:
-            _check(_is_int(self.hash_every) and self.hash_every >= 0, "hash_every must be >= 0")
-        _check(
-            isinstance(self.hash_tensors, bool),
-            f"hash_tensors={self.hash_tensors!r} must be true or false",
-        )
-        _check(0 < self.lr < float("inf"), f"lr={self.lr} must be a positive finite number")
-        if self.peak_tflops is not None:
-            _check(self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be positive")
-        _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)")
-        _check(self.eps > 0, f"eps={self.eps} must be positive")
-        _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
-        _check(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0 (0 = no clipping)")
-        _check(0 <= self.dropout < 1, f"dropout={self.dropout} must be in [0, 1)")
         _check(
             self.parallel in ("ddp", "fsdp"),
             f"parallel {self.parallel!r} is unknown",
@@ -225,27 +204,56 @@ class TrainConfig:
         )
         _check(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
         _check(self.order in ORDERS, f"order {self.order!r} is unknown", f"use one of {ORDERS}")
-        preset_context = PRESETS[self.model].context
         _check(
-            self.context <= preset_context,
-            f"context {self.context} exceeds the {self.model} model's {preset_context}",
-            f"use --context {preset_context} or less",
+            re.fullmatch(DEVICE_PATTERN, self.device) is not None,
+            f"device {self.device!r} is unknown",
+            "use cpu, cuda, cuda:N, mps or auto",
         )
-        problem = shape_problem(self.shape())
-        if problem is not None:
-            raise ConfigError(*problem)
-        self._check_schedule()
         for name in (self.log_to or "").split(","):
             _check(
                 name.strip() in TRACKERS + ("",),
                 f"log_to names an unknown tracker {name.strip()!r}",
                 f"use a comma-separated list of {', '.join(TRACKERS)}",
             )
+        _check(
+            self.warmup <= self.steps,
+            f"warmup={self.warmup} is longer than steps={self.steps}",
+            "use --warmup at most --steps",
+        )
         if self.stop_at is not None:
             _check(
-                _is_int(self.stop_at) and 0 < self.stop_at <= self.steps,
+                self.stop_at <= self.steps,
                 f"stop_at={self.stop_at} must be between 1 and steps={self.steps}",
             )
+        preset = PRESETS[self.model]
+        _check(
+            self.context <= preset.context,
+            f"context {self.context} exceeds the {self.model} model's {preset.context}",
+            f"use --context {preset.context} or less",
+        )
+        shape = self.shape()
+        problem = shape_problem(shape)
+        if problem is None and self.init_from is None:  # else the source's shape is built
+            # The vocabulary is the data's, unknown here: the embedded corpus is tokenized at
+            # the preset's, and no tokenizer has fewer than its 256 byte tokens.
+            vocab = preset.vocab_size if self.data is None else 256
+            sizes = {"micro_batch": self.micro_batch, "context": self.context}
+            problem = memory_problem(shape, vocab_size=vocab, parallel=self.parallel, **sizes)
+        if problem is not None:
+            raise ConfigError(*problem)
+        self._check_schedule()
+
+    def _check_fields(self) -> None:
+        """Each field alone: its type (TOML and Python hand over anything) and its range."""
+        for name, rule in FIELD_RULES.items():
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL_KEYS:
+                continue
+            problem = checks.problem(name, value, rule)
+            if problem is not None:
+                raise ConfigError(problem, CHANGE_IT)
+            if isinstance(value, float) and value == 0:  # -0.0 is the same run as 0.0
+                object.__setattr__(self, name, 0.0)
 
     def _check_schedule(self) -> None:
         _check(
@@ -270,7 +278,7 @@ class TrainConfig:
             "add --decay-steps N",
         )
         _check(
-            _is_int(self.decay_steps) and 0 < self.decay_steps <= span,
+            self.decay_steps <= span,
             f"decay_steps={self.decay_steps!r} does not fit the {span} steps after warmup "
             f"(steps {self.steps} - warmup {self.warmup})",
             f"use --decay-steps between 1 and {span}",
@@ -330,15 +338,12 @@ NON_TRAJECTORY_KEYS = tuple(f.name for f in fields(TrainConfig) if not f.metadat
 OMITTED_AT_DEFAULT = {
     f.name: f.default for f in fields(TrainConfig) if f.metadata.get("omit_default")
 }
+OPTIONAL_KEYS = frozenset(f.name for f in fields(TrainConfig) if "None" in str(f.type))
+# The shape keys are checked once resolved (shape.shape_problem).
+FIELD_RULES = {f.name: field_rule(f) for f in fields(TrainConfig) if f.name not in SHAPE_KEYS}
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check(
-    ok: bool, problem: str, fix: str = "change it on the command line or in --config"
-) -> None:
+def _check(ok: bool, problem: str, fix: str = CHANGE_IT) -> None:
     if not ok:
         raise ConfigError(problem, fix)
 

@@ -9,9 +9,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from octlm import checks
 from octlm.config import ConfigError, TrainConfig, config_keys
+from octlm.config_checks import unknown_keys_problem
 
-SWEEP_KEYS = ("grid", "sets", "repeats")
 # Package data (pyproject.toml): the same files in a checkout and in an installed wheel.
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -25,6 +26,7 @@ def shipped_configs() -> list[str]:
 def config_path(name_or_path: str | Path) -> Path:
     """The file a `--config` value names: an existing path as given, else a shipped config's
     name. The path is tried first so that a user's own file is never shadowed by a name."""
+    checks.check_path("config", name_or_path, ConfigError)
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -40,22 +42,16 @@ def config_path(name_or_path: str | Path) -> Path:
 def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """(train keys, [sweep] table) of a TOML file or shipped config; unknown keys are errors.
     The [sweep] table (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read
-    only with `sweep`."""
+    only with `sweep`; the sweep checks it (`octlm.tools.sweep_plan.sweep_table`)."""
     path = config_path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the file") from None
-    table = data.pop("sweep", {}) if sweep else {}
-    if not isinstance(table, dict) or set(table) - set(SWEEP_KEYS):
-        bad = sorted(set(table) - set(SWEEP_KEYS)) if isinstance(table, dict) else table
-        raise ConfigError(f"{path}: unknown [sweep] key(s) {bad}", f"use {', '.join(SWEEP_KEYS)}")
-    unknown = sorted(set(data) - set(config_keys()))
-    if unknown:
-        raise ConfigError(
-            f"{path}: unknown key(s) {', '.join(unknown)}",
-            "see `octlm train --help` for the keys (flags with - replaced by _)",
-        )
+    table = data.pop("sweep", {}) if sweep else {}  # checked by octlm.tools.sweep_plan
+    problem = unknown_keys_problem(data, config_keys())
+    if problem is not None:
+        raise ConfigError(f"{path}: {problem[0]}", problem[1])
     return data, table
 
 
@@ -82,9 +78,6 @@ def to_toml(values: dict[str, Any]) -> str:
 
 def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainConfig:
     """TOML < overrides (flags); None overrides mean "not given" and are skipped."""
-    values: dict[str, Any] = load_toml(toml_path) if toml_path else {}
+    values: dict[str, Any] = load_toml(toml_path) if toml_path is not None else {}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return TrainConfig(**values)
-    except TypeError as exc:  # a wrongly typed TOML value trips a comparison
-        raise ConfigError(f"bad config value ({exc})", "check the types in the TOML file") from None
+    return TrainConfig(**values)  # one line per bad key, type or value

@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from octlm import checks
 from octlm.errors import OctlmError
 
 LAUNCHED_ENV = "OCTLM_LAUNCHER"
@@ -55,12 +56,18 @@ class Launch:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     max_restarts: int = 0
+    requeue_exit_code: int | None = None
+    """Checked here only: the code `launch` (or a single process) exits with."""
 
     def __post_init__(self) -> None:
         for name in ("nproc", "nnodes"):
             if getattr(self, name) < 1:
                 flag, value = "--" + name, getattr(self, name)
                 raise OctlmError(f"{flag} {value} starts nothing", f"use {flag} 1 or more")
+        checks.check_processes("--nproc", self.nproc)  # each its own process on this node
+        if self.requeue_exit_code is not None:
+            fix = "use a code from 1 to 255: an exit status is one byte, and 0 reads as success"
+            checks.check("--requeue-exit-code", self.requeue_exit_code, checks.Int(1, 255), fix)
         if self.max_restarts < 0:
             raise OctlmError(f"--max-restarts {self.max_restarts} is negative", "use 0 or more")
         if not 0 <= self.node_rank < self.nnodes:

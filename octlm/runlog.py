@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
 
+from octlm import checks
 from octlm.errors import OctlmError
 
 LOG_NAME = "log.jsonl"
@@ -322,6 +323,7 @@ def log_file(run: str | Path) -> Path:
 
 def require_log(run: str | Path) -> Path:
     """The log of `run`; a one-line error when `run` is not a run folder (or a log file)."""
+    checks.check_path("run", run)  # `octlm.read_log` takes anything a notebook hands it
     path = log_file(run)
     if not path.is_file():
         raise OctlmError(

@@ -1,13 +1,16 @@
 """The model shape a run asks for: a preset's values under the ones its config sets, checked.
 
 Pure and torch-free, so the config can check a shape in one line per problem before anything
-is built (`ModelConfig` checks again, as a backstop, with less friendly messages).
+is built (`ModelConfig` checks again, as a backstop, with less friendly messages), and refuse a
+model this machine cannot train from its parameter count before anything is allocated
+(`memory_problem`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from octlm import checks
 
 SHAPE_KEYS = (
     "n_layers",
@@ -21,6 +24,21 @@ SHAPE_KEYS = (
 )
 """The `ModelConfig` fields a user sets (vocabulary: the data's; context and dropout: the run's)."""
 INT_KEYS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff")
+_RULES = {
+    **dict.fromkeys(INT_KEYS, checks.Int(1)),
+    "rope_base": checks.Number(0, lo_open=True),
+    "norm_eps": checks.Number(0, 1, lo_open=True),
+    "init_std": checks.Number(0, 1, lo_open=True),
+}
+TRAIN_BYTES_PER_PARAMETER = {"ddp": 16, "fsdp": 4}
+"""Bytes of memory each parameter needs at the least, per process. ddp: fp32 weights, gradients
+and AdamW's two moments, 4 bytes each, all held by every process (on a GPU the copy the async
+checkpoint makes on the host is 12 of them again). fsdp: the full fp32 weights every process
+builds on the host before they are sharded."""
+ACTIVATION_BYTES = 4
+"""Bytes per float of the activations a micro-batch keeps for the backward pass: at the least
+each block's fp32 input (even recomputed, `activation_checkpointing` keeps that one) and the
+fp32 logits."""
 
 
 def resolve_shape(preset: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -31,11 +49,9 @@ def resolve_shape(preset: dict[str, Any], overrides: dict[str, Any]) -> dict[str
 def shape_problem(shape: dict[str, Any]) -> tuple[str, str] | None:
     """The first thing wrong with a resolved shape, as (problem, fix); None when it can be built."""
     for key in SHAPE_KEYS:
-        value, flag = shape[key], "--" + key.replace("_", "-")
-        if key in INT_KEYS and not (_is_int(value) and value > 0):
-            return f"{key}={value!r} must be a positive integer", f"set {flag} to 1 or more"
-        if key not in INT_KEYS and not (_is_number(value) and 0 < value < math.inf):
-            return f"{key}={value!r} must be a positive number", f"set {flag} above 0"
+        found = checks.problem(key, shape[key], _RULES[key])
+        if found is not None:
+            return found, f"set --{key.replace('_', '-')} within that range"
     d, heads, kv = shape["d_model"], shape["n_heads"], shape["n_kv_heads"]
     if d % heads:
         return (
@@ -55,9 +71,41 @@ def shape_problem(shape: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def parameter_count(shape: dict[str, Any], vocab_size: int) -> int:
+    """The parameters of a GPT of this (checked) shape, counted as `GPT.num_params` counts them:
+    the tied embedding once, each block's attention, SwiGLU and two norms, the final norm."""
+    d, heads, kv, ff = shape["d_model"], shape["n_heads"], shape["n_kv_heads"], shape["d_ff"]
+    kv_dim = kv * (d // heads)
+    block = 2 * d * d + 2 * d * kv_dim + 3 * d * ff + 2 * d
+    return vocab_size * d + shape["n_layers"] * block + d
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def memory_problem(
+    shape: dict[str, Any], *, vocab_size: int, micro_batch: int, context: int, parallel: str
+) -> tuple[str, str] | None:
+    """(problem, fix) when training this shape needs more memory than the machine has, counted
+    from the parameters and the micro-batch alone: a lower bound (no allocator slack, no
+    attention scores, no temporaries), so it refuses only what cannot fit; None when it may."""
+    memory = checks.machine_memory()
+    if memory is None:
+        return None
+    params = parameter_count(shape, vocab_size)
+    per_param = TRAIN_BYTES_PER_PARAMETER[parallel]
+    floats = shape["d_model"] * shape["n_layers"] + vocab_size
+    activations = micro_batch * context * floats * ACTIVATION_BYTES
+    if params * per_param + activations <= memory:
+        return None
+    return (
+        f"training this model needs at least {_gb(params * per_param + activations)}, more than "
+        f"this machine's {_gb(memory)}: {params:,} parameters x {per_param} bytes ({parallel}) "
+        f"and {_gb(activations)} of activations for micro_batch {micro_batch} x context {context}",
+        "make the model smaller (--n-layers, --d-model, --d-ff), or lower --micro-batch "
+        "(and raise --accum to keep the batch)",
+    )
+
+
+def _gb(n_bytes: int) -> str:
+    if n_bytes < 1e9:
+        return f"{n_bytes / 1e6:,.1f} MB"
+    gb = n_bytes / 1e9
+    return f"{gb:,.1f} GB" if gb < 1e6 else f"{gb:.3g} GB"

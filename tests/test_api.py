@@ -177,3 +177,85 @@ def test_the_cli_s_second_signal_still_exits_at_once() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 128 + signal.SIGINT and "not reached" not in proc.stdout
+
+
+# Every bad argument is an OctlmError with the CLI's one-line message (no TypeError from a
+# dataclass, no traceback from deep inside), raised before anything is read or written.
+BAD_CALLS = {
+    "train_config_int": (lambda run: octlm.train(123), "config=123 is not a TrainConfig"),
+    "train_config_none": (lambda run: octlm.train(None), "config=None is not a TrainConfig"),
+    "train_config_empty": (lambda run: octlm.train(""), "config='' must be a non-empty path"),
+    "train_unknown_keyword": (
+        lambda run: octlm.train(TrainConfig(out=str(run)), learning_rate=1e-3),
+        "unknown key(s) learning_rate",
+    ),
+    "train_misspelt_keyword": (
+        lambda run: octlm.train("tiny", out=str(run), warm_up=3),
+        "unknown key(s) warm_up (did you mean warmup?)",
+    ),
+    "train_string_for_int": (
+        lambda run: octlm.train("tiny", out=str(run), steps="5"),
+        "steps='5' must be an integer from 1 to 2**53 - 1",
+    ),
+    "train_bool_for_int": (
+        lambda run: octlm.train(TrainConfig(out=str(run)), accum=True),
+        "accum=True must be an integer from 1",
+    ),
+    "train_nan": (
+        lambda run: octlm.train("tiny", out=str(run), lr=float("nan")),
+        "lr=nan must be a finite number > 0",
+    ),
+    "train_none_for_required": (
+        lambda run: octlm.train(TrainConfig(out=str(run)), steps=None),
+        "steps=None must be an integer",
+    ),
+    "config_positional": (lambda run: TrainConfig("tiny"), "takes its settings by name"),
+    "config_list_for_str": (lambda run: TrainConfig(model=["tiny"]), "model=['tiny'] must be"),
+    "load_int": (lambda run: octlm.load(5), "run=5 must be a non-empty path"),
+    "load_empty": (lambda run: octlm.load(""), "run='' must be a non-empty path"),
+    "load_device_int": (lambda run: octlm.load(run, device=0), "device=0 must be a non-empty"),
+    "load_data_empty": (lambda run: octlm.load(run, data=""), "data='' must be a non-empty path"),
+    "generate_bytes_prompt": (lambda run: octlm.generate(run, b"x"), "prompt=b'x' must be a str"),
+    "generate_string_count": (
+        lambda run: octlm.generate(run, "x", max_new_tokens="5"),
+        "max_new_tokens='5' must be an integer from 0",
+    ),
+    "generate_negative_count": (
+        lambda run: octlm.generate(run, "x", max_new_tokens=-1),
+        "--max-new-tokens -1 is negative",
+    ),
+    "generate_nan_temperature": (
+        lambda run: octlm.generate(run, "x", temperature=float("nan")),
+        "--temperature nan is not a finite number >= 0",
+    ),
+    "generate_top_k_zero": (lambda run: octlm.generate(run, "x", top_k=0), "--top-k 0 keeps no"),
+    "generate_float_top_k": (
+        lambda run: octlm.generate(run, "x", top_k=2.5),
+        "top_k=2.5 must be an integer from 1",
+    ),
+    "generate_seed_past_64_bits": (
+        lambda run: octlm.generate(run, "x", seed=2**64),
+        f"seed={2**64} must be an integer from",
+    ),
+    "generate_bad_tuple": (
+        lambda run: octlm.generate((1, 2), "x"),
+        "run=(1, 2) is not what octlm.load returns",
+    ),
+    "read_log_none": (lambda run: octlm.read_log(None), "run=None must be a non-empty path"),
+    "read_log_int": (lambda run: octlm.read_log(3), "run=3 must be a non-empty path"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS, ids=BAD_CALLS)
+def test_a_bad_argument_is_an_octlm_error_with_one_line(case, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text('{"type": "header"}\n')
+    call, expected = BAD_CALLS[case]
+    with pytest.raises(OctlmError) as info:
+        call(run)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+    assert info.value.fix  # a fix, as the CLI prints after "; "
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["log.jsonl", "run"]
+    assert (run / "log.jsonl").read_text() == '{"type": "header"}\n'

@@ -365,11 +365,11 @@ def test_a_shape_key_joins_the_fingerprint_only_when_it_differs_from_the_preset(
             "n_heads 4 is not divisible by n_kv_heads 3",
         ),
         ({"d_model": 198}, "head size d_model / n_heads = 33 is odd"),
-        ({"n_layers": 0}, "n_layers=0 must be a positive integer"),
-        ({"d_ff": -4}, "d_ff=-4 must be a positive integer"),
-        ({"d_model": "256"}, "d_model='256' must be a positive integer"),
-        ({"norm_eps": 0.0}, "norm_eps=0.0 must be a positive number"),
-        ({"init_std": float("inf")}, "init_std=inf must be a positive number"),
+        ({"n_layers": 0}, "n_layers=0 must be an integer from 1 to"),
+        ({"d_ff": -4}, "d_ff=-4 must be an integer from 1 to"),
+        ({"d_model": "256"}, "d_model='256' must be an integer from 1 to"),
+        ({"norm_eps": 0.0}, "norm_eps=0.0 must be a number in \\(0, 1\\]"),
+        ({"init_std": float("inf")}, "init_std=inf must be a number in \\(0, 1\\]"),
         ({"context": 512}, "context 512 exceeds the tiny model's 256"),
     ],
 )
@@ -392,7 +392,7 @@ def test_shape_keys_come_from_toml_and_flags_win(tmp_path) -> None:
         ({"schedule": "linear"}, "schedule 'linear' is unknown"),
         ({"schedule": "wsd"}, "--schedule wsd needs --decay-steps"),
         ({"schedule": "wsd", "decay_steps": 101}, "decay_steps=101 does not fit the 100 steps"),
-        ({"schedule": "wsd", "decay_steps": 0}, "decay_steps=0 does not fit"),
+        ({"schedule": "wsd", "decay_steps": 0}, "decay_steps=0 must be an integer from 1 to"),
         ({"schedule": "wsd", "decay_steps": 5, "decay_shape": "cos"}, "decay_shape 'cos'"),
         ({"decay_steps": 5}, "decay_steps and decay_shape are for --schedule wsd"),
         ({"decay_shape": "1-sqrt"}, "are for --schedule wsd, not cosine"),
@@ -413,3 +413,81 @@ def test_wsd_joins_the_fingerprint_and_its_decay_settings_too() -> None:
     }
     assert len(prints) == 4
     assert wsd.replace(decay_steps=90).decay_steps == 90  # all of steps - warmup is allowed
+
+
+# -- what a config refuses, and why ----------------------------------------------------------------
+def test_a_config_takes_its_settings_by_known_name_only() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) warm_up \(did you mean warmup\?\)"):
+        TrainConfig(warm_up=3)
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) bogus"):
+        TrainConfig().replace(bogus=1)
+    with pytest.raises(ConfigError, match="takes its settings by name"):
+        TrainConfig("tiny")  # type: ignore[misc]
+
+
+def test_a_negative_zero_is_the_same_run_as_zero() -> None:
+    base = TrainConfig(model="tiny", context=64)
+    minus = base.replace(beta1=-0.0, grad_clip=-0.0, weight_decay=-0.0)
+    plus = base.replace(beta1=0.0, grad_clip=0.0, weight_decay=0.0)
+    assert str(minus.beta1) == "0.0" and minus.fingerprint_for(1) == plus.fingerprint_for(1)
+
+
+def test_every_number_has_a_range_and_every_field_a_rule() -> None:
+    from octlm.config import FIELD_RULES
+    from octlm.shape import SHAPE_KEYS
+
+    assert set(FIELD_RULES) == set(config_keys()) - set(SHAPE_KEYS)
+
+
+@pytest.mark.parametrize("name", ["micro", "tiny", "small", "main"])
+def test_the_parameter_count_is_the_models(name: str) -> None:
+    import torch
+
+    from octlm.model import GPT, preset
+    from octlm.shape import SHAPE_KEYS, parameter_count
+
+    for changes in ({}, {"vocab_size": 300}, {"n_kv_heads": 1, "d_ff": 40}):
+        config = preset(name, **changes)
+        with torch.device("meta"):  # counted, never allocated
+            model = GPT(config)
+        shape = {k: getattr(config, k) for k in SHAPE_KEYS}
+        assert parameter_count(shape, config.vocab_size) == model.num_params(), changes
+
+
+def test_a_model_too_big_for_the_machine_is_refused_from_its_count(monkeypatch) -> None:
+    """16 bytes a parameter under ddp (fp32 weights, gradients, two AdamW moments), 4 under
+    fsdp (the full weights each process builds), plus the micro-batch's activations, against
+    the machine's memory: refused with the numbers, before anything is built."""
+    from octlm import checks
+    from octlm.shape import parameter_count
+
+    tiny = TrainConfig(model="tiny", context=64, micro_batch=4)
+    params = parameter_count(tiny.shape(), 4096)  # 2.36M: the embedded corpus' vocabulary
+    activations = 4 * 64 * (192 * 4 + 4096) * 4  # block inputs and logits, fp32, per token
+    monkeypatch.setattr(checks, "machine_memory", lambda: params * 16 + activations)
+    assert tiny.replace(micro_batch=4) == tiny  # just fits
+    with pytest.raises(ConfigError) as info:
+        tiny.replace(micro_batch=5)
+    message = str(info.value)
+    assert "training this model needs at least 44.0 MB, more than this machine's 42.8 MB" in message
+    assert f"{params:,} parameters x 16 bytes (ddp)" in message and "\n" not in message
+    assert "lower --micro-batch" in message
+    monkeypatch.setattr(checks, "machine_memory", lambda: params * 4 + activations)
+    assert tiny.replace(parallel="fsdp").parallel == "fsdp"
+    with pytest.raises(ConfigError, match=r"x 16 bytes \(ddp\)"):
+        tiny.replace(steps=10, warmup=0)
+    monkeypatch.setattr(checks, "machine_memory", lambda: None)  # unknown: no refusal
+    assert TrainConfig(n_layers=10**6).n_layers == 10**6
+
+
+def test_the_memory_rule_leaves_data_and_init_from_their_own_vocabulary(monkeypatch) -> None:
+    """The vocabulary is the data's: the embedded corpus' is the preset's, another dataset's
+    at least 256 (its byte tokens); an --init-from source brings its own shape."""
+    from octlm import checks
+
+    small = {"model": "small", "context": 64, "micro_batch": 1}
+    monkeypatch.setattr(checks, "machine_memory", lambda: 200_000_000)  # 12.5M params at 16 B
+    with pytest.raises(ConfigError, match="22,"):  # 22.0M with its 32768-token vocabulary
+        TrainConfig(**small)
+    assert TrainConfig(**small, data="some/dataset").data == "some/dataset"  # 9.5M at 256
+    assert TrainConfig(**small, init_from="runs/base").init_from == "runs/base"

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from octlm.errors import OctlmError
+from octlm import checks
+from octlm.errors import DataError, OctlmError
 from octlm.prepare.pairs import FORMAT, PairsConfig, prepare_pairs
 from octlm.prepare.pairs import summary_lines as pairs_summary_lines
 from octlm.prepare.scan import documents
@@ -19,6 +20,8 @@ from octlm.prepare.text import (
     DEFAULT_TOKENIZER_DOC_CAP,
     DEFAULT_TOKENIZER_MAX_CHARS,
     PrepareConfig,
+    check_count,
+    check_read_options,
     prepare_with_stats,
     summary_lines,
 )
@@ -51,14 +54,26 @@ def _capped(args: argparse.Namespace, counts: dict[str, int]) -> Iterator[str]:
         yield text
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """The paths as typed: an empty one would name the current folder."""
+    for name in args.inputs:
+        checks.check_path("input", name, DataError)
+    checks.check_path("--out", args.out, DataError)
+    if getattr(args, "tokenizer", None) is not None:
+        checks.check_path("--tokenizer", args.tokenizer, DataError)
+
+
 def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    _check_paths(args)
     out = Path(args.out)
+    if out.is_dir():
+        raise OctlmError(f"--out {out} is a folder", "name the tokenizer.json file to write")
     if out.exists() and not args.force:
         raise OctlmError(f"{out} already exists", "choose another --out, or pass --force")
     check_vocab_size(args.vocab_size)
-    for flag, value in (("--max-chars", args.max_chars), ("--doc-cap", args.doc_cap)):
-        if value < 1:
-            raise OctlmError(f"{flag} {value} is not positive", f"pass {flag} 1 or more")
+    check_count("--max-chars", args.max_chars)
+    check_count("--doc-cap", args.doc_cap)
+    check_read_options(_read_options(args))
     counts = {"documents": 0, "chars": 0}
     tokenizer = Tokenizer.train(_capped(args, counts), args.vocab_size)
     if not counts["documents"]:
@@ -82,7 +97,8 @@ def _split_rule(args: argparse.Namespace) -> SplitRule:
 
 def _cmd_prepare_pairs(args: argparse.Namespace) -> int:
     fix = f"drop it: --format {FORMAT} reads two JSON fields and keeps its tokenizer's vocabulary"
-    for flag, value in (("--split-on", args.split_on), ("--vocab-size", args.vocab_size)):
+    ignored = (("--split-on", args.split_on), ("--vocab-size", args.vocab_size))
+    for flag, value in (*ignored, ("--workers", args.workers)):
         if value is not None:
             raise OctlmError(f"{flag} has no effect with --format {FORMAT}", fix)
     if args.text_field != "text":
@@ -117,6 +133,7 @@ def _cmd_prepare_pairs(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
+    _check_paths(args)
     if args.format == FORMAT:
         return _cmd_prepare_pairs(args)
     if args.prompt_field != "prompt" or args.completion_field != "completion":
@@ -134,8 +151,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
         inputs=tuple(args.inputs),
         read=_read_options(args),
         split=_split_rule(args),
-        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
-        vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
+        tokenizer=Path(args.tokenizer) if args.tokenizer is not None else None,
+        vocab_size=DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
         tokenizer_max_chars=args.tokenizer_max_chars,
         tokenizer_doc_cap=args.tokenizer_doc_cap,
         context=args.context,

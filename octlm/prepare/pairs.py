@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from octlm import checks
 from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.packing import CONTEXT, LOSS_MASK_VERSION, START, TARGET, waste_shares
 from octlm.data.shards import (
@@ -35,6 +36,7 @@ from octlm.prepare.folder import check_out, staged, write_manifest
 from octlm.prepare.sources import JSONL, Source, find_sources
 from octlm.prepare.split import VAL, KeyTable, SplitRule, plan_split
 from octlm.prepare.tables import ARROW, PARQUET, Column, read_columns
+from octlm.prepare.text import check_dataset_settings
 from octlm.prepare.writer import IdsDigest
 from octlm.tokenizer.core import Tokenizer
 from octlm.tokenizer.hf_folder import open_tokenizer, tokenizer_json
@@ -64,6 +66,19 @@ class PairsConfig:
     """Only reported against: how many examples a run at this context skips, and the padding."""
     shard_tokens: int = 100_000_000
     force: bool = False
+
+    def __post_init__(self) -> None:
+        check_dataset_settings(self.out, self.inputs, self.context, self.shard_tokens)
+        for flag, name in (
+            ("--prompt-field", self.prompt_field),
+            ("--completion-field", self.completion_field),
+        ):
+            checks.check(flag, name, checks.Text(), "name the JSON field", DataError)
+        if self.prompt_field == self.completion_field:
+            raise DataError(
+                f"--prompt-field and --completion-field are both {self.prompt_field!r}",
+                "name two different fields",
+            )
 
 
 def read_examples(src: Source, prompt_field: str, completion_field: str) -> Iterator[Example]:
@@ -210,11 +225,6 @@ def prepare_pairs(cfg: PairsConfig) -> dict[str, Any]:
         raise DataError(
             f"--val-tokens does not apply to --format {FORMAT} (the split is by example count)",
             "pass --val-fraction or --val-docs",
-        )
-    if cfg.prompt_field == cfg.completion_field:
-        raise DataError(
-            f"--prompt-field and --completion-field are both {cfg.prompt_field!r}",
-            "name two different fields",
         )
     sources = find_sources(cfg.inputs)
     if not cfg.inputs:

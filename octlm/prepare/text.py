@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm  # a widget in Jupyter, the terminal bar elsewhere
 
+from octlm import checks
 from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.shards import (
     MANIFEST_VERSION,
@@ -84,6 +85,46 @@ class PrepareConfig:
     force: bool = False
     """Replace an existing dataset at `out` (only once the new one is complete)."""
 
+    def __post_init__(self) -> None:
+        check_dataset_settings(self.out, self.inputs, self.context, self.shard_tokens)
+        check_read_options(self.read)
+        if self.tokenizer is None:
+            if not checks.is_int(self.vocab_size):  # the type here, the range just below
+                check_count("--vocab-size", self.vocab_size)
+            check_vocab_size(self.vocab_size)
+        check_count("--tokenizer-max-chars", self.tokenizer_max_chars)
+        check_count("--tokenizer-doc-cap", self.tokenizer_doc_cap)
+        if self.workers is not None:
+            checks.check_processes("--workers", self.workers, DataError)
+
+
+MAX_CONTEXT = 2**20
+"""The longest block a dataset is checked against: a thousand times the largest preset's context
+(a run's context is at most its preset's); the packing report's tables grow with it."""
+
+
+def check_count(flag: str, value: object, most: int = checks.MAX_INT) -> None:
+    """A count of tokens, characters or documents: a whole number from 1 to `most`."""
+    checks.check(flag, value, checks.Int(1, most), f"pass {flag} within that range", DataError)
+
+
+def check_dataset_settings(out: Path, inputs: Sequence[str], context: int, shards: int) -> None:
+    """What `prepare` and `prepare_pairs` share: a dataset folder to write (not the current
+    one), input paths, and the sizes (--context, --shard-tokens)."""
+    if str(out) in ("", "."):
+        raise DataError("--out is the current folder", "name a new folder for the dataset")
+    for name in inputs:
+        checks.check_path("input", name, DataError)
+    check_count("--context", context, MAX_CONTEXT)
+    check_count("--shard-tokens", shards)
+
+
+def check_read_options(read: ReadOptions) -> None:
+    checks.check("--text-field", read.text_field, checks.Text(), "name the field", DataError)
+    if read.split_on is not None:
+        fix = "pass the separator, e.g. '<|endoftext|>', or drop --split-on"
+        checks.check("--split-on", read.split_on, checks.Text(), fix, DataError)
+
 
 @dataclass
 class PrepareStats:
@@ -99,14 +140,6 @@ class PrepareStats:
     """Validation ended below --val-tokens: its candidates ran out (see split.py)."""
 
 
-def _check_out(cfg: PrepareConfig) -> None:
-    check_out(cfg.out, cfg.force)
-    if cfg.shard_tokens < 1:
-        raise DataError(f"shard size {cfg.shard_tokens} is not positive", "use e.g. 100000000")
-    if cfg.context < 1:
-        raise DataError(f"context {cfg.context} is not positive", "use e.g. 1024")
-
-
 def prepare(cfg: PrepareConfig, progress: bool | None = None) -> dict[str, Any]:
     """Build the dataset at `cfg.out` and return its manifest. `progress=None`: bars on a TTY."""
     return prepare_with_stats(cfg, progress)[0]
@@ -115,13 +148,10 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> dict[str, Any]:
 def prepare_with_stats(
     cfg: PrepareConfig, progress: bool | None = None
 ) -> tuple[dict[str, Any], PrepareStats]:
-    _check_out(cfg)
+    check_out(cfg.out, cfg.force)  # the sizes: PrepareConfig checked them
     workers = default_workers() if cfg.workers is None else cfg.workers
     check_workers(workers)
     fast = use_fast_path()
-    if cfg.tokenizer is None:
-        check_vocab_size(cfg.vocab_size)
-        _check_caps(cfg)
     stats = PrepareStats(workers=workers)
     sources = find_sources(cfg.inputs)
     stats.input_bytes = sum(s.size for s in sources)
@@ -148,15 +178,6 @@ def prepare_with_stats(
     stats.peak_rss_mb = peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     stats.peak_worker_rss_mb = encoder.worker_peak_mb
     return manifest, stats
-
-
-def _check_caps(cfg: PrepareConfig) -> None:
-    for flag, value in (
-        ("--tokenizer-max-chars", cfg.tokenizer_max_chars),
-        ("--tokenizer-doc-cap", cfg.tokenizer_doc_cap),
-    ):
-        if value < 1:
-            raise DataError(f"{flag} {value} is not positive", f"pass {flag} 1 or more")
 
 
 def _bar(total: int, desc: str, progress: bool | None, unit: str = "B") -> tqdm:

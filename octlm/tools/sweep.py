@@ -10,24 +10,21 @@ smaller than the spread between repeats as "within noise".
 from __future__ import annotations
 
 import csv
-import itertools
 import os
 import queue
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from octlm.config import NON_TRAJECTORY_KEYS, TrainConfig
-from octlm.config_files import make_config, read_toml
+from octlm import checks
+from octlm.config import TrainConfig
 from octlm.errors import OctlmError
 from octlm.runlog import log_file, read_log
 from octlm.tools import subrun
-
-_TYPES = {f.name: str(f.type).replace(" | None", "") for f in fields(TrainConfig)}
+from octlm.tools.sweep_plan import RunSpec, fmt_value, plan_from
 
 
 def visible_gpus() -> list[str]:
@@ -55,80 +52,6 @@ def gpu_slots(gpus: list[str], jobs: int) -> list[str]:
     return gpus[:jobs]
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    setting: tuple[tuple[str, Any], ...]
-    repeat: int
-    seed: int
-
-    @property
-    def setting_name(self) -> str:
-        return ",".join(f"{k}={_fmt(v)}" for k, v in self.setting) or "base"
-
-    @property
-    def name(self) -> str:
-        return f"{self.setting_name}-r{self.repeat}"
-
-
-def _fmt(value: Any) -> str:
-    return repr(value) if isinstance(value, float) else str(value).lower()
-
-
-def parse_value(key: str, text: str) -> Any:
-    if key not in _TYPES:
-        raise OctlmError(f"unknown setting {key!r} in a sweep", "use the keys of `octlm train`")
-    if key in NON_TRAJECTORY_KEYS or key == "seed":
-        raise OctlmError(f"{key!r} cannot be swept", "sweep settings that change the run")
-    kind = _TYPES[key]
-    try:
-        if kind == "bool":
-            if text.lower() not in ("true", "false"):
-                raise ValueError(text)
-            return text.lower() == "true"
-        return {"int": int, "float": float, "str": str}[kind](text)
-    except ValueError:
-        raise OctlmError(f"{key}={text!r} is not a valid {kind}", "fix the --grid value") from None
-
-
-def parse_assignments(spec: str) -> dict[str, list[Any]]:
-    """One --grid: `lr=1e-3,3e-3` -> {"lr": [0.001, 0.003]}."""
-    key, sep, values = spec.partition("=")
-    if not sep or not values:
-        raise OctlmError(f"bad --grid {spec!r}", "write it as KEY=V1,V2,...")
-    return {
-        key.strip().replace("-", "_"): [
-            parse_value(key.strip().replace("-", "_"), v.strip()) for v in values.split(",")
-        ]
-    }
-
-
-def parse_set(spec: str) -> dict[str, Any]:
-    """One explicit setting: `accum=8,steps=50` (keys changed together)."""
-    out: dict[str, Any] = {}
-    for part in spec.split(","):
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise OctlmError(f"bad --set {spec!r}", "write it as KEY=V,KEY2=V2")
-        key = key.strip().replace("-", "_")
-        out[key] = parse_value(key, value.strip())
-    return out
-
-
-def plan(
-    base: TrainConfig, grid: dict[str, list[Any]], sets: list[dict[str, Any]], repeats: int
-) -> list[RunSpec]:
-    """Every explicit setting x every grid combination x repeats, in a fixed order."""
-    keys = list(grid)
-    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
-    settings = [{**s, **c} for s in (sets or [{}]) for c in combos]
-    specs = []
-    for setting in settings:
-        make_config(None, **{**base.to_dict(), **setting})  # validate each setting up front
-        for r in range(repeats):
-            specs.append(RunSpec(tuple(setting.items()), r, base.seed + r))
-    return specs
-
-
 def finished(run: Path) -> bool:
     """Whether the run's log ends it (a log cut by a kill reads up to the cut: not finished)."""
     return log_file(run).is_file() and any(r["type"] == "end" for r in read_log(run))
@@ -141,7 +64,7 @@ def final_val_loss(run: Path) -> float | None:
 
 class Sweep:
     def __init__(self, out: Path, base: TrainConfig, specs: list[RunSpec], jobs: int) -> None:
-        self.out, self.base, self.specs, self.jobs = out, base, specs, max(1, jobs)
+        self.out, self.base, self.specs, self.jobs = out, base, specs, jobs
         self.config_path = out / "base.toml"
         self.durations: list[float] = []
         self.failures: dict[str, str] = {}
@@ -155,7 +78,7 @@ class Sweep:
         """What one run adds to the base settings: its seed and setting, and --resume."""
         flags = ["--seed", str(spec.seed), "--resume"]
         for key, value in spec.setting:
-            flags += [f"--{key.replace('_', '-')}", _fmt(value)]
+            flags += [f"--{key.replace('_', '-')}", fmt_value(value)]
         return flags
 
     def _env(self, gpu: str | None) -> dict[str, str]:
@@ -290,13 +213,6 @@ def write_summary(out: Path, rows: list[dict[str, Any]], failures: dict[str, str
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
-def base_from(config_path: str | None, overrides: dict[str, Any]) -> tuple[TrainConfig, dict]:
-    """The sweep's base TrainConfig (file < flags) and the file's [sweep] table."""
-    train_keys, table = read_toml(config_path, sweep=True) if config_path else ({}, {})
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return make_config(None, **{**train_keys, **given}), table
-
-
 def run_sweep(
     base: TrainConfig,
     table: dict,
@@ -304,23 +220,30 @@ def run_sweep(
     grids: list[str],
     sets: list[str],
     repeats: int | None,
-    out: Path,
+    out: str | Path | None,
     jobs: int,
 ) -> list[dict[str, Any]]:
-    grid = {k: [parse_value(k, str(v)) for v in vs] for k, vs in table.get("grid", {}).items()}
-    for spec in grids:
-        grid.update(parse_assignments(spec))
-    explicit = (
-        [parse_set(s) for s in sets]
-        if sets
-        else [{k: parse_value(k, str(v)) for k, v in s.items()} for s in table.get("sets", [])]
-    )
-    n_repeats = repeats or int(table.get("repeats", 1))
-    if n_repeats < 1:
-        raise OctlmError(f"--repeats {n_repeats} runs nothing", "use --repeats 1 or more")
-    specs = plan(base, grid, explicit, n_repeats)
-    sweep = Sweep(out, base, specs, jobs)
+    """Plan, run and summarise the sweep (the summary printed); a sweep with failed runs is an
+    error naming them, raised after every other run has finished and the summary is written."""
+    out = "sweeps/sweep" if out is None else out
+    checks.check_path("--out", out)
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise OctlmError(f"--out {folder} is a file", "choose a folder for the sweep")
+    checks.check_processes("--jobs", jobs)
+    specs = plan_from(base, table, grids=grids, sets=sets, repeats=repeats)
+    sweep = Sweep(folder, base, specs, jobs)
     sweep.run()
     rows = sweep.summarise()
-    write_summary(out, rows, sweep.failures)
+    write_summary(folder, rows, sweep.failures)
+    print((folder / "summary.md").read_text(), end="")
+    print(f"wrote {folder / 'summary.md'} and {folder / 'summary.csv'}")
+    if sweep.failures:
+        names = sorted(sweep.failures)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise OctlmError(
+            f"{len(names)} of {len(specs)} runs failed: {shown}",
+            f"see their errors in {folder / 'summary.md'}; run the same command again to retry "
+            "them (finished runs are skipped)",
+        )
     return rows

@@ -111,3 +111,30 @@ def test_sweep_runs_summarises_and_resumes_exactly(tiny_dataset, tmp_path) -> No
     assert end == [r for r in read_log(direct) if r["type"] == "end"][0] | {
         "elapsed": end["elapsed"]
     }
+
+
+def test_a_sweep_with_a_failed_run_exits_1_naming_it(tiny_dataset, tmp_path) -> None:
+    """lr 1e6 makes the loss non-finite at once: that run fails, the other one still runs to
+    its end, and the sweep's exit status says it failed (before, it was 0)."""
+    out = tmp_path / "sw"
+    flags = ["--model", "micro", "--data", str(tiny_dataset), "--context", "32"]
+    flags += ["--micro-batch", "2", "--accum", "1", "--steps", "2", "--warmup", "0"]
+    flags += ["--grad-clip", "0", "--dtype", "fp32", "--val-batches", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "octlm",
+        "sweep",
+        *flags,
+        "--grid",
+        "lr=1e6,1e-3",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("octlm: error: 1 of 2 runs failed: lr=1000000.0-r0; see their errors")
+    assert '"type": "end"' in (out / "runs" / "lr=0.001-r0" / "log.jsonl").read_text()
+    assert "| lr=1000000.0 | 0 |" in proc.stdout

@@ -238,7 +238,8 @@ def test_prepare_vocab_too_small_is_refused(tmp_path, corpus):
 
 
 @pytest.mark.parametrize(
-    ("setting", "match"), [({"shard_tokens": 0}, "shard size 0"), ({"context": 0}, "context 0")]
+    ("setting", "match"),
+    [({"shard_tokens": 0}, "--shard-tokens 0"), ({"context": 0}, "--context 0")],
 )
 def test_prepare_non_positive_sizes_are_refused(tmp_path, corpus, setting, match):
     out = tmp_path / "data"

@@ -16,18 +16,8 @@ from octlm.config_files import load_toml
 from octlm.errors import OctlmError
 from octlm.runlog import RunLog
 from octlm.tools import subrun
-from octlm.tools.sweep import (
-    Sweep,
-    base_from,
-    final_val_loss,
-    finished,
-    gpu_slots,
-    mark_noise,
-    parse_assignments,
-    parse_set,
-    plan,
-    visible_gpus,
-)
+from octlm.tools.sweep import Sweep, final_val_loss, finished, gpu_slots, mark_noise, visible_gpus
+from octlm.tools.sweep_plan import base_from, parse_assignments, parse_set, plan
 from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
 
 
@@ -185,3 +175,34 @@ def test_each_parallel_job_gets_its_own_gpu(tmp_path: Path, monkeypatch) -> None
     monkeypatch.setattr(subrun, "train", train)
     sweep.run()
     assert len(seen) == 4 and set(seen) <= {"4", "6"}
+
+
+def test_a_sweep_whose_runs_failed_finishes_the_others_and_exits_non_zero(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The failed run is reported in the summary and in one last error line; the runs after it
+    still run; the command's status is 1, not 0."""
+    from octlm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(subrun, "write_config", lambda cfg, path: path)  # no corpus to prepare
+    failure = "octlm: error: the loss is not finite at step 1; lower --lr"
+
+    def train(config: Path, out: Path, *flags: str, env=None) -> str | None:
+        if "0.003" in flags:
+            return failure
+        write_log(out)
+        return None
+
+    monkeypatch.setattr(subrun, "train", train)
+    tiny = ["--model", "tiny", "--context", "32", "--steps", "6", "--warmup", "2"]
+    code = main(["sweep", *tiny, "--grid", "lr=1e-3,3e-3,5e-3", "--out", "sw"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "| lr=0.003 | 0 |" in out and f"- lr=0.003-r0: {failure}" in out
+    assert err.splitlines()[-1] == (
+        f"octlm: error: 1 of 3 runs failed: lr=0.003-r0; see their errors in "
+        f"{Path('sw') / 'summary.md'}; run the same command again to retry them (finished runs "
+        "are skipped)"
+    )
+    assert finished(tmp_path / "sw" / "runs" / "lr=0.005-r0")

@@ -1,0 +1,81 @@
+"""What each `TrainConfig` field may be, checked where a config is built: the one check every
+door shares (flags, a TOML file, a sweep, the Python API). The ranges' reasons are in
+`octlm.checks`; the shape keys are checked once resolved (`octlm.shape`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+from typing import Any
+
+from octlm import checks
+from octlm.errors import OctlmError
+
+DEVICE_PATTERN = r"auto|(cpu|cuda|mps)(:\d+)?"  # what octlm.device.resolve_device takes
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: no collective waits longer for a peer (torch's own default is 30 minutes)."""
+CHANGE_IT = "change it on the command line or in --config"
+UNKNOWN_KEY_FIX = "see `octlm train --help` for the keys (flags with - replaced by _)"
+
+# A new int or float field of TrainConfig must add its range here, else importing config fails.
+RANGES: dict[str, checks.Int | checks.Number] = {
+    **dict.fromkeys(("steps", "decay_steps", "micro_batch", "accum", "context"), checks.Int(1)),
+    **dict.fromkeys(("val_batches", "keep_last", "stop_at"), checks.Int(1)),
+    **dict.fromkeys(("warmup", "seed", "overfit_blocks", "val_every"), checks.Int(0)),
+    **dict.fromkeys(("hash_every", "ckpt_every"), checks.Int(0)),
+    **dict.fromkeys(("lr", "eps", "peak_tflops"), checks.Number(0, lo_open=True)),
+    **dict.fromkeys(("weight_decay", "grad_clip"), checks.Number(0)),
+    **dict.fromkeys(("beta1", "beta2", "dropout"), checks.Number(0, 1, hi_open=True)),
+    "min_lr_ratio": checks.Number(0, 1),
+    "dist_timeout": checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True),
+}
+PATH_KEYS = ("out", "data", "init_from", "blocks")
+
+
+class ConfigError(OctlmError):
+    """A bad setting in a TOML file or on the command line."""
+
+
+def field_rule(field: dataclasses.Field) -> checks.Int | checks.Number | checks.Bool | checks.Text:
+    """The rule of one field, from its type: a number's range, true/false, a non-empty string."""
+    kind = str(field.type).replace(" | None", "")
+    if kind in ("int", "float"):
+        return RANGES[field.name]
+    if kind == "bool":
+        return checks.Bool()
+    return checks.PATH if field.name in PATH_KEYS else checks.Text()
+
+
+def unknown_keys_problem(names: Any, known: list[str]) -> tuple[str, str] | None:
+    """(problem, fix) naming the keys of `names` that are not in `known` (with the nearest known
+    name when a key looks like a misspelling); None when every key is known."""
+    unknown = sorted(set(names) - set(known))
+    if not unknown:
+        return None
+    near = [m[0] for k in unknown if (m := difflib.get_close_matches(k, known, n=1))]
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    return f"unknown key(s) {', '.join(unknown)}{hint}", UNKNOWN_KEY_FIX
+
+
+def named_settings_only(cls: type) -> type:
+    """`cls(...)` and `dataclasses.replace(...)` refuse a positional value or an unknown key in
+    one line, as a TOML file's unknown key is (the generated __init__ raises a TypeError)."""
+    generated = cls.__init__
+    known = [f.name for f in dataclasses.fields(cls)]
+
+    @functools.wraps(generated)
+    def __init__(self: Any, *args: Any, **settings: Any) -> None:
+        if args:
+            raise ConfigError(
+                f"{cls.__name__} takes its settings by name, not {len(args)} positional value(s)",
+                f"write {cls.__name__}(model='tiny', steps=50, ...)",
+            )
+        problem = unknown_keys_problem(settings, known)
+        if problem is not None:
+            raise ConfigError(*problem)
+        generated(self, **settings)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
