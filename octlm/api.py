@@ -17,7 +17,7 @@ from octlm.config_files import make_config
 from octlm.errors import OctlmError
 from octlm.model import GPT
 from octlm.runlog import read_log
-from octlm.sampling import check_sampling, generate_text
+from octlm.sampling import SEEDS, check_sampling, generate_text
 from octlm.tokenizer.core import Tokenizer
 from octlm.trained import load_model, run_tokenizer
 from octlm.trainer.loop import train as train_run
@@ -131,11 +131,11 @@ def _check_sampling(
     if not isinstance(prompt, str):
         raise OctlmError(f"prompt={checks.shown(prompt)} must be a string", "pass the text")
     numbers = checks.is_int(max_new_tokens) and isinstance(temperature, int | float)
-    if numbers and (top_k is None or checks.is_int(top_k)):
-        check_sampling(max_new_tokens, temperature, top_k)
+    if numbers and (top_k is None or checks.is_int(top_k)) and checks.is_int(seed):
+        check_sampling(max_new_tokens, temperature, top_k, seed)
     fix = "see help(octlm.generate)"
     checks.check("max_new_tokens", max_new_tokens, checks.Int(0), fix)
     checks.check("temperature", temperature, checks.Number(0), fix)
     if top_k is not None:
         checks.check("top_k", top_k, checks.Int(1), fix)
-    checks.check("seed", seed, checks.Int(-(2**63), 2**64 - 1), "use a seed torch takes")
+    checks.check("seed", seed, checks.Int(*SEEDS), "use a seed torch takes")

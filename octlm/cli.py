@@ -114,7 +114,10 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    from octlm.trainer.init_from import check_preset
+
     base, table = base_from(args.config, _overrides(args, skip=("out",)))
+    check_preset(base, args.model)  # its runs see the preset in their config file: it yields
     runs = {"grids": args.grid, "sets": args.set, "repeats": args.repeats, "jobs": args.jobs}
     run_sweep(base, table, out=args.out, **runs)  # prints the summary; failed runs raise
     return 0
@@ -160,7 +163,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from octlm.trained import load_model, run_tokenizer
 
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
-    check_sampling(args.max_new_tokens, args.temperature, args.top_k)  # before loading
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)  # before loading
     model, info = load_model(args.run, device=args.device)
     tokenizer, n = run_tokenizer(info, args.data), args.max_new_tokens
     print(generate_text(model, tokenizer, args.prompt, max_new_tokens=n, **sampling))

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from octlm import checks
 from octlm.data.packed import PackedWindows
 from octlm.data.shards import ShardDataset
 from octlm.data.windows import Batch, StreamWindows, Windows, first_windows
@@ -81,6 +82,8 @@ def evaluate_split(
 ) -> EvalResult:
     """`octlm eval`: the first `batches` micro-batches of non-overlapping windows of a split
     (0: the whole split), at the model's context, on the model's device."""
+    checks.check("--batches", batches, checks.Int(0), "use 0 (the whole split) or more")
+    checks.check("--micro-batch", micro_batch, checks.Int(1), "use 1 or more")
     context = model.config.context
     windows: Windows
     if dataset.masked:  # prompt/completion: the split's packed windows, prompts unscored

@@ -11,13 +11,26 @@ from octlm.errors import OctlmError
 from octlm.model import GPT
 from octlm.tokenizer.core import Tokenizer
 
+MAX_NEW_TOKENS = 2**20
+"""More is not a text anyone waits for: each new token runs the model once over its context."""
+SEEDS = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
+
+def check_sampling(
+    max_new_tokens: int, temperature: float, top_k: int | None, seed: int = 0
+) -> None:
     """One-line errors for settings that cannot sample: checked before a model is loaded."""
     if max_new_tokens < 0:
         raise OctlmError(
             f"--max-new-tokens {max_new_tokens} is negative", "use --max-new-tokens 0 or more"
         )
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise OctlmError(
+            f"--max-new-tokens {max_new_tokens} is more than {MAX_NEW_TOKENS:,}",
+            "generate a long text in several calls, each continuing the last",
+        )
+    if not SEEDS[0] <= seed <= SEEDS[1]:
+        raise OctlmError(f"--seed {seed} is out of range", "use a seed from -2**63 to 2**64 - 1")
     if not 0 <= temperature < math.inf:
         raise OctlmError(
             f"--temperature {temperature} is not a finite number >= 0",

@@ -7,6 +7,7 @@ and dataset stay byte for byte as they were, and nothing new appears). In-proces
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,7 @@ TRAIN_FLAGS = {
     "requeue_exit_code_256": (["--requeue-exit-code", "256"], "--requeue-exit-code 256 must be"),
     "requeue_exit_code_zero": (["--requeue-exit-code", "0"], "0 reads as success"),
     "nproc_fork_bomb": (["--nproc", "100000"], "--nproc 100000 must be an integer from 1 to"),
+    "out_a_file": (["--out", "tok.json"], "--out tok.json is a file; name a folder"),
 }
 
 TRAIN_TOML = {
@@ -196,6 +198,21 @@ PREPARE = {
 }
 
 
+# The commands that use a trained run (`trained`, a copy of a finished tiny run)
+USE = {
+    "generate_tokens_absurd": (
+        ["generate", "trained", "--prompt", "hi", "--max-new-tokens", "100000000"],
+        "--max-new-tokens 100000000 is more than 1,048,576",
+    ),
+    "generate_seed_beyond_torch": (
+        ["generate", "trained", "--prompt", "hi", "--seed", str(10**23)],
+        f"--seed {10**23} is out of range",
+    ),
+    "eval_batches_negative": (["eval", "trained", "--batches", "-1"], "--batches -1 must be"),
+    "eval_micro_batch_zero": (["eval", "trained", "--micro-batch", "0"], "--micro-batch 0 must"),
+}
+
+
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch) -> Path:
     """The current folder of each case: an existing run, sweep and dataset folder, inputs."""
@@ -260,4 +277,12 @@ def test_a_bad_sweep_is_one_line(case, workdir, capsys) -> None:
 @pytest.mark.parametrize("case", PREPARE, ids=PREPARE)
 def test_a_bad_data_command_is_one_line(case, workdir, capsys) -> None:
     args, expected = PREPARE[case]
+    assert_refused(args, expected, workdir, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", USE, ids=USE)
+def test_a_bad_use_of_a_trained_run_is_one_line(case, workdir, straight_run, capsys) -> None:
+    shutil.copytree(straight_run(), workdir / "trained")
+    args, expected = USE[case]
     assert_refused(args, expected, workdir, capsys)

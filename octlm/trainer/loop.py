@@ -50,6 +50,8 @@ def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False
     """Train `cfg` in this process. `hard_exit`: a second Ctrl-C exits the process at once (the
     `octlm` command); left False, it raises KeyboardInterrupt (a notebook's kernel survives)."""
     out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise OctlmError(f"--out {out} is a file", "name a folder for the run (new or its own)")
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 owns the folder
     created = main and not out.exists()
     if main:  # another rank making its own folder would hide a node that cannot see this one

@@ -388,6 +388,17 @@ def test_a_config_files_preset_yields_to_the_source(source, tiny_dataset, tmp_pa
     assert first["init_from"]["weights_sha256"] == end_hash(source)
 
 
+def test_a_sweep_checks_a_model_flag_against_the_source_once(
+    source, tiny_dataset, tmp_path, capsys
+) -> None:
+    """A sweep's runs read a config file whose preset yields to the source, so the sweep checks
+    a `--model` flag itself, before any run starts."""
+    out = tmp_path / "sw"
+    args = ["sweep", "--data", str(tiny_dataset), "--out", str(out), *RUN, "--model", "tiny"]
+    args += ["--init-from", str(source), "--grid", "lr=1e-3,3e-3"]
+    assert_refused(args, out, "--model tiny contradicts --init-from", capsys)
+
+
 def pairs_jsonl(path: Path, n: int) -> Path:
     """`n` short prompt/completion pairs (a few words each: they fit a 32-token context)."""
     words = [text.split()[:6] for text in corpus_texts(n, seed=1)]
