@@ -56,7 +56,7 @@ def test_day1_overfit_memorises_its_block(embedded_4096: Path, tmp_path: Path) -
     assert losses[-1] < 1.0
 
     model, meta = load_model(out)
-    dataset = ShardDataset.open(meta["data_dir"])
+    dataset = ShardDataset.open(meta.data_dir)
     context = model.config.context
     block = dataset.train.window(0, context + 1).tolist()
     assert generate(model, block[:1], context) == block[1:]
