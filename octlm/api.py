@@ -131,8 +131,8 @@ def _check_sampling(
     if not isinstance(prompt, str):
         raise OctlmError(f"prompt={checks.shown(prompt)} must be a string", "pass the text")
     numbers = checks.is_int(max_new_tokens) and isinstance(temperature, int | float)
-    if numbers and (top_k is None or checks.is_int(top_k)) and checks.is_int(seed):
-        check_sampling(max_new_tokens, temperature, top_k, seed)
+    if numbers and (top_k is None or checks.is_int(top_k)):
+        check_sampling(max_new_tokens, temperature, top_k)  # the seed: checked below, by name
     fix = "see help(octlm.generate)"
     checks.check("max_new_tokens", max_new_tokens, checks.Int(0), fix)
     checks.check("temperature", temperature, checks.Number(0), fix)
