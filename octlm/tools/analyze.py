@@ -25,7 +25,8 @@ from octlm.device import autocast, check_dtype
 from octlm.errors import OctlmError
 from octlm.trained import load_model, run_dataset
 from octlm.trainer.checkpoint import CheckpointInfo
-from octlm.trainer.inputs import windows
+from octlm.trainer.distributed import DistInfo
+from octlm.trainer.inputs import build_sampler, windows
 
 FP16_MIN_SUBNORMAL = 2.0**-24  # smaller magnitudes flush to zero in FP16
 FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits
@@ -263,19 +264,9 @@ def run_sampler(info: CheckpointInfo, micro_batch: int | None) -> Sampler:
     cfg = TrainConfig(**{k: v for k, v in saved.items() if k in config_keys()})
     dataset = run_dataset(info)
     train = windows(cfg.replace(blocks=None), dataset, dataset_tokenizer(dataset), "train")
-    try:
-        return Sampler(
-            train,
-            seed=cfg.seed,
-            context=cfg.context,
-            micro_batch=micro_batch if micro_batch is not None else cfg.micro_batch,
-            accum=cfg.accum,
-            overfit_blocks=cfg.overfit_blocks,
-            world=info.world,
-            order=cfg.order,
-        )
-    except ValueError as exc:
-        raise OctlmError(str(exc), "use the dataset the run trained on") from None
+    if micro_batch is not None:
+        cfg = cfg.replace(micro_batch=micro_batch)
+    return build_sampler(cfg, train, DistInfo(rank=0, world=info.world))
 
 
 def _pct(x: float) -> str:
