@@ -15,8 +15,8 @@ from typing import Any
 
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
-from octlm.config import DTYPES, TrainConfig, config_keys, field_docs
-from octlm.config_files import load_toml, make_config, to_toml
+from octlm.config import DTYPES, TrainConfig, config_keys
+from octlm.config_files import field_docs, load_toml, make_config, to_toml
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError, RankError
 from octlm.hashing import weights_sha256

@@ -27,6 +27,7 @@ from octlm.shape import SHAPE_KEYS, memory_problem, resolve_shape, shape_problem
 DTYPES = ("fp32", "bf16", "fp16")
 ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
 SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.trainer.schedule)
+OPTIMIZERS = ("adamw", "muon")  # octlm.trainer.optim
 DECAY_SHAPES = ("linear", "1-sqrt")
 FUSED_DEFAULT = True
 """`fused` of a new run that leaves it unset (False before octlm used fused AdamW by default)."""
@@ -81,6 +82,10 @@ class TrainConfig:
     init_std: float | None = _new_trajectory(None)
     """Std of the normal init, residual projections scaled by 1/sqrt(2 n_layers) (default: the
     preset's)."""
+    qk_norm: bool | None = _new_trajectory(None)
+    """RMSNorm with a learned gain on each head's queries and keys, before RoPE (default: off)."""
+    logit_softcap: float | None = _new_trajectory(None)
+    """Cap the logits smoothly to (-C, C): C * tanh(logits / C); 0 is off (default: off)."""
     out: str = _setting("runs/octlm")
     """Run folder: log.jsonl, checkpoints, snapshots."""
     data: str | None = _setting(None)  # checked through the dataset fingerprint instead
@@ -114,6 +119,17 @@ class TrainConfig:
     """AdamW epsilon added to the root of the second moment."""
     weight_decay: float = _trajectory(0.1)
     """AdamW decoupled weight decay, applied to tensors with 2+ dimensions only."""
+    optimizer: str = _new_trajectory("adamw")
+    """adamw, or muon: Muon (momentum, then Newton-Schulz orthogonalisation) for the blocks'
+    2-D weight matrices, AdamW with the settings above for the embedding and the norm gains."""
+    muon_lr: float = _new_trajectory(0.02)
+    """--optimizer muon: peak learning rate of the Muon matrices (the schedule scales it as it
+    scales --lr); each matrix's update is scaled up by sqrt(max(1, rows / cols))."""
+    muon_momentum: float = _new_trajectory(0.95)
+    """--optimizer muon: Nesterov momentum of the Muon matrices."""
+    z_loss: float = _new_trajectory(0.0)
+    """Weight of the z-loss, the mean of log(Z)^2 over targets (Z: the softmax's normaliser),
+    added to the objective against drifting logits; logged beside the loss. 0: off."""
     grad_clip: float = _trajectory(1.0)
     """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
     dropout: float = _trajectory(0.0)
@@ -204,6 +220,7 @@ class TrainConfig:
         )
         _check(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
         _check(self.order in ORDERS, f"order {self.order!r} is unknown", f"use one of {ORDERS}")
+        self._check_optimizer()
         _check(
             re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"device {self.device!r} is unknown",
@@ -254,6 +271,20 @@ class TrainConfig:
                 raise ConfigError(problem, CHANGE_IT)
             if isinstance(value, float) and value == 0:  # -0.0 is the same run as 0.0
                 object.__setattr__(self, name, 0.0)
+
+    def _check_optimizer(self) -> None:
+        _check(
+            self.optimizer in OPTIMIZERS,
+            f"optimizer {self.optimizer!r} is unknown",
+            f"use one of {OPTIMIZERS}",
+        )
+        if self.optimizer != "muon":
+            for key in ("muon_lr", "muon_momentum"):
+                _check(
+                    getattr(self, key) == OMITTED_AT_DEFAULT[key],
+                    f"{key} is for --optimizer muon, not {self.optimizer}",
+                    f"add --optimizer muon, or drop --{key.replace('_', '-')}",
+                )
 
     def _check_schedule(self) -> None:
         _check(
@@ -317,6 +348,8 @@ class TrainConfig:
         for key, default in OMITTED_AT_DEFAULT.items():
             if d[key] == default:  # absent, as in every run written before the key existed
                 d.pop(key)
+        if self.optimizer == "muon":  # its settings belong to it, default or not
+            d["muon_lr"], d["muon_momentum"] = self.muon_lr, self.muon_momentum
         d["accum"] = self.accum * world
         d["fused"] = fused_or_default(d["fused"])
         return d
@@ -364,18 +397,3 @@ def trajectory_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     changes = changed_keys({**OMITTED_AT_DEFAULT, **old}, {**OMITTED_AT_DEFAULT, **new})
     shape = tuple(f"{key}: " for key in SHAPE_KEYS)
     return [c.replace("None", "the preset's") if c.startswith(shape) else c for c in changes]
-
-
-def field_docs() -> dict[str, str]:
-    """Each TrainConfig field's docstring (the string under it), for `--help`."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:], strict=False):
-        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-        if isinstance(node, ast.AnnAssign) and is_doc and isinstance(nxt.value.value, str):
-            docs[node.target.id] = nxt.value.value  # type: ignore[attr-defined]
-    return docs

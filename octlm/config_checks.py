@@ -29,6 +29,9 @@ RANGES: dict[str, checks.Int | checks.Number] = {
     **dict.fromkeys(("weight_decay", "grad_clip"), checks.Number(0)),
     **dict.fromkeys(("beta1", "beta2", "dropout"), checks.Number(0, 1, hi_open=True)),
     "min_lr_ratio": checks.Number(0, 1),
+    "muon_lr": checks.Number(0, 10, lo_open=True),
+    "muon_momentum": checks.Number(0, 1, hi_open=True),
+    "z_loss": checks.Number(0, 1),
     "dist_timeout": checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True),
 }
 PATH_KEYS = ("out", "data", "init_from", "blocks")

@@ -1,6 +1,7 @@
 """Settings files: a TOML file of `octlm train` keys (and a sweep's [sweep] table) read into a
-`TrainConfig`, and a resolved config written back as TOML. `--config` takes a path or the name
-of a config shipped in the package (`tiny`, `ablations/lr`), so an installed octlm has them too.
+`TrainConfig`, a resolved config written back as TOML, and each key's docs (`--help`).
+`--config` takes a path or the name of a config shipped in the package (`tiny`,
+`ablations/lr`), so an installed octlm has them too.
 """
 
 from __future__ import annotations
@@ -81,3 +82,18 @@ def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainC
     values: dict[str, Any] = load_toml(toml_path) if toml_path is not None else {}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return TrainConfig(**values)  # one line per bad key, type or value
+
+
+def field_docs() -> dict[str, str]:
+    """Each TrainConfig field's docstring (the string under it), for `--help`."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+        if isinstance(node, ast.AnnAssign) and is_doc and isinstance(nxt.value.value, str):
+            docs[node.target.id] = nxt.value.value  # type: ignore[attr-defined]
+    return docs

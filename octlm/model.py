@@ -1,5 +1,11 @@
 """Llama-style decoder-only transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
+Two options of the current small-LM recipe, off by default (an unset option builds the model,
+and draws the init, exactly as before it existed): `qk_norm`, an RMSNorm with a learned gain on
+each head's queries and keys before RoPE (Qwen3's layout), and `logit_softcap`, the logits
+squashed to (-C, C) by C * tanh(logits / C) (Gemma 2, modded-nanogpt). A z-loss is asked of
+the forward pass by the trainer (`z_loss`), not built into the model.
+
 Parameter names follow Llama (`layers.{i}.attention.wq.weight`, ...) so that exporting to
 Hugging Face is a lookup table. The output layer is tied to `tok_embeddings`, and with targets
 the forward pass returns a masked loss *sum* plus a target count for exact gradient accumulation.
@@ -16,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from octlm.positions import RotaryEmbedding, apply_rope, segment_attention
 
 IGNORE_INDEX = -100
 """Targets equal to this are excluded from the loss (the data layer maps PAD targets to it)."""
@@ -50,6 +58,10 @@ class ModelConfig:
     """Attention and residual dropout probability in training mode."""
     init_std: float = 0.02
     """Std of the normal init; residual output projections are scaled down by sqrt(2 * n_layers)."""
+    qk_norm: bool = False
+    """RMSNorm (learned gain of head_dim, shared by the heads) on queries and keys before RoPE."""
+    logit_softcap: float = 0.0
+    """If > 0, logits become C * tanh(logits / C) with C this value; 0 leaves them as they are."""
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -60,6 +72,11 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive number")
+        if not isinstance(self.qk_norm, bool):
+            raise ValueError(f"ModelConfig.qk_norm={self.qk_norm!r}: must be true or false")
+        cap = self.logit_softcap
+        if not isinstance(cap, (int, float)) or isinstance(cap, bool) or not 0 <= cap < math.inf:
+            raise ValueError(f"ModelConfig.logit_softcap={cap!r}: must be 0 (off) or positive")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout={self.dropout!r}: must be in [0, 1)")
         if self.d_model % self.n_heads:
@@ -139,23 +156,6 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     return dataclasses.replace(PRESETS[name], **overrides)
 
 
-def rope_tables(head_dim: int, n_positions: int, base: float) -> tuple[Tensor, Tensor]:
-    """float32 (cos, sin) tables of shape (n_positions, head_dim) in the rotate_half layout."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv_freq)  # (T, D/2)
-    # Both halves share frequencies: dim i pairs with i + D/2 (HF Llama layout, not interleaved).
-    angles = torch.cat((angles, angles), dim=-1)  # (T, D)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (..., T, D) by position; done in float32 so bf16 inputs keep precise angles."""
-    x32 = x.float()
-    x1, x2 = x32.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (x32 * cos.float() + rotated * sin.float()).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -166,38 +166,6 @@ class RMSNorm(nn.Module):
         # Normalise in float32 even under bf16 autocast; the mean of squares is precision-sensitive.
         out = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
         return out.to(x.dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """Holds the shared cos/sin tables; non-persistent so they never enter the state_dict."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        cos, sin = rope_tables(config.head_dim, config.context, config.rope_base)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-
-    def forward(self, seq_len: int) -> tuple[Tensor, Tensor]:
-        return self.cos[:seq_len], self.sin[:seq_len]
-
-    def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Tables at per-row `positions` (B, T), shaped (B, 1, T, D) to broadcast over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def segment_attention(segments: Tensor) -> tuple[Tensor, Tensor]:
-    """For packed rows (B, T) of contiguous segment ids: the attention mask (B, 1, T, T), True
-    where a query may attend (earlier or same position, same segment), and each position's
-    index inside its segment (B, T), where RoPE restarts. A packed example is then computed as
-    it would be alone, up to the rounding of a masked kernel."""
-    B, T = segments.shape
-    index = torch.arange(T, device=segments.device)
-    same = segments.unsqueeze(2) == segments.unsqueeze(1)  # (B, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
-    starts = torch.ones_like(segments, dtype=torch.bool)
-    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    return (same & causal).unsqueeze(1), index - first
 
 
 class Attention(nn.Module):
@@ -215,12 +183,18 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d, kv_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, d, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
+        if config.qk_norm:  # registered only when set: a plain model keeps its parameter list
+            self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
+        self.qk_norm = config.qk_norm
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         dropout_p = self.dropout_p if self.training else 0.0
         # enable_gqa lets sdpa share each kv head across n_heads // n_kv_heads query heads.
@@ -274,7 +248,7 @@ class GPT(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.rope = RotaryEmbedding(config)
+        self.rope = RotaryEmbedding(config.head_dim, config.context, config.rope_base)
         self.activation_checkpointing = False
         """Recompute each block's activations in the backward pass instead of keeping them
         (less memory, about one more forward); the RNG state is replayed, so dropout draws the
@@ -298,15 +272,24 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, mean=0.0, std=resid_std, generator=generator)
 
     def forward(
-        self, inputs: Tensor, targets: Tensor | None = None, segments: Tensor | None = None
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Logits (B, T, V) without targets; with targets, (loss_sum, n_targets).
+        self,
+        inputs: Tensor,
+        targets: Tensor | None = None,
+        segments: Tensor | None = None,
+        *,
+        z_loss: bool = False,
+    ) -> Tensor | tuple[Tensor, ...]:
+        """Logits (B, T, V) without targets; with targets, (loss_sum, n_targets), and with
+        `z_loss` also z_sum: (loss_sum, n_targets, z_sum).
 
         loss_sum is the float32 SUM of token cross-entropies over targets != IGNORE_INDEX and
         n_targets the int64 count of those targets. The caller divides the summed loss by the
-        step's total count, so gradient accumulation yields the true masked mean. `segments`
-        (B, T), for rows of packed examples, keeps each example's attention and RoPE positions
-        to itself; without it every row is one causal sequence (the pretraining path).
+        step's total count, so gradient accumulation yields the true masked mean. z_sum is the
+        sum over the same targets of log(Z)^2, Z the softmax's normaliser (PaLM's z-loss): the
+        caller weighs it and adds it to the objective, so the logged loss stays the
+        cross-entropy. `segments` (B, T), for rows of packed examples, keeps each example's
+        attention and RoPE positions to itself; without it every row is one causal sequence
+        (the pretraining path).
         """
         if inputs.ndim != 2:
             raise ValueError(f"inputs must have shape (B, T), got {tuple(inputs.shape)}")
@@ -335,19 +318,16 @@ class GPT(nn.Module):
                 h = layer(h, cos, sin, mask)
         h = self.norm(h)
         logits = F.linear(h, self.tok_embeddings.weight)  # (B, T, V), tied output layer
+        if self.config.logit_softcap > 0:
+            cap = self.config.logit_softcap  # in float32: tanh near its knee wants the precision
+            logits = cap * torch.tanh(logits.float() / cap)
         if targets is None:
             return logits
         if targets.shape != inputs.shape:
             raise ValueError(
                 f"targets shape {tuple(targets.shape)} != inputs shape {tuple(inputs.shape)}"
             )
-        # float32 logits: a bf16 log-softmax over a 32k vocab loses too much precision.
-        flat_logits = logits.float().flatten(0, 1)  # (B * T, V)
-        loss_sum = F.cross_entropy(
-            flat_logits, targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
-        )
-        n_targets = (targets != IGNORE_INDEX).sum()
-        return loss_sum, n_targets
+        return lm_loss(logits, targets, z_loss)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count; the tied embedding/output matrix is counted once."""
@@ -366,3 +346,18 @@ class GPT(nn.Module):
             raise ValueError(f"seq_len={T}: must be positive")
         cfg = self.config
         return 6 * self.num_params() + 12 * cfg.n_layers * cfg.d_model * T
+
+
+def lm_loss(logits: Tensor, targets: Tensor, z_loss: bool) -> tuple[Tensor, ...]:
+    """(loss_sum, n_targets) of `GPT.forward`, and z_sum with `z_loss`."""
+    # float32 logits: a bf16 log-softmax over a 32k vocab loses too much precision.
+    flat_logits = logits.float().flatten(0, 1)  # (B * T, V)
+    loss_sum = F.cross_entropy(
+        flat_logits, targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+    )
+    n_targets = (targets != IGNORE_INDEX).sum()
+    if not z_loss:
+        return loss_sum, n_targets
+    log_z = torch.logsumexp(flat_logits, dim=-1)  # (B * T,)
+    z_sum = torch.where(targets.flatten() != IGNORE_INDEX, log_z.square(), 0.0).sum()
+    return loss_sum, n_targets, z_sum

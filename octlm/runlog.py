@@ -52,6 +52,7 @@ class StepNumbers(Protocol):
     dt: float
     skipped: bool
     epoch: int | None
+    z_loss: float | None
 
 
 class Counters(Protocol):
@@ -147,6 +148,8 @@ class RunLog:
             loss=numbers.loss,
             lr=numbers.lr,
             grad_norm=numbers.grad_norm,
+            # Only a z-loss run has the term: other records keep the fields they always had.
+            **({} if numbers.z_loss is None else {"z_loss": numbers.z_loss}),
             tokens=state.tokens,
             **epoch,
             dt=round(numbers.dt, 6),

@@ -21,14 +21,22 @@ SHAPE_KEYS = (
     "rope_base",
     "norm_eps",
     "init_std",
+    "qk_norm",
+    "logit_softcap",
 )
-"""The `ModelConfig` fields a user sets (vocabulary: the data's; context and dropout: the run's)."""
+"""The `ModelConfig` fields a user sets (vocabulary: the data's; context and dropout: the run's).
+The last two are architecture options; every preset leaves them off."""
+MAX_SOFTCAP = 1e4
+"""Past this a cap changes no logit a float32 model produces (tanh(x / C) * C == x)."""
 INT_KEYS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff")
 _RULES = {
     **dict.fromkeys(INT_KEYS, checks.Int(1)),
     "rope_base": checks.Number(0, lo_open=True),
     "norm_eps": checks.Number(0, 1, lo_open=True),
     "init_std": checks.Number(0, 1, lo_open=True),
+    "qk_norm": checks.Bool(),
+    # 0 is off; a cap under 1 would squash every logit into a near-uniform softmax.
+    "logit_softcap": checks.Number(0, MAX_SOFTCAP),
 }
 TRAIN_BYTES_PER_PARAMETER = {"ddp": 16, "fsdp": 4}
 """Bytes of memory each parameter needs at the least, per process. ddp: fp32 weights, gradients
@@ -52,6 +60,11 @@ def shape_problem(shape: dict[str, Any]) -> tuple[str, str] | None:
         found = checks.problem(key, shape[key], _RULES[key])
         if found is not None:
             return found, f"set --{key.replace('_', '-')} within that range"
+    if 0 < shape["logit_softcap"] < 1:
+        return (
+            f"logit_softcap {shape['logit_softcap']} squashes every logit into (-1, 1)",
+            "use 0 (off) or a cap of at least 1 (15 to 30 is usual)",
+        )
     d, heads, kv = shape["d_model"], shape["n_heads"], shape["n_kv_heads"]
     if d % heads:
         return (
@@ -77,6 +90,7 @@ def parameter_count(shape: dict[str, Any], vocab_size: int) -> int:
     d, heads, kv, ff = shape["d_model"], shape["n_heads"], shape["n_kv_heads"], shape["d_ff"]
     kv_dim = kv * (d // heads)
     block = 2 * d * d + 2 * d * kv_dim + 3 * d * ff + 2 * d
+    block += 2 * (d // heads) if shape["qk_norm"] else 0
     return vocab_size * d + shape["n_layers"] * block + d
 
 

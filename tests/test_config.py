@@ -14,10 +14,9 @@ from octlm.config import (
     TrainConfig,
     changed_keys,
     config_keys,
-    field_docs,
     trajectory_changes,
 )
-from octlm.config_files import load_toml, make_config
+from octlm.config_files import field_docs, load_toml, make_config
 from octlm.errors import OctlmError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "octlm" / "configs").glob("*.toml"))

@@ -16,10 +16,9 @@ from octlm.model import (
     FeedForward,
     ModelConfig,
     RMSNorm,
-    apply_rope,
     preset,
-    rope_tables,
 )
+from octlm.positions import apply_rope, rope_tables
 
 # A few-layer model small enough that every test runs in well under a second.
 MICRO = ModelConfig(
@@ -354,7 +353,7 @@ def test_preset_errors() -> None:
 def test_config_dict_round_trip() -> None:
     for cfg in PRESETS.values():
         d = cfg.to_dict()
-        assert all(type(v) in (int, float) for v in d.values())  # JSON-safe
+        assert all(type(v) in (int, float, bool) for v in d.values())  # JSON-safe
         assert ModelConfig.from_dict(d) == cfg
     with pytest.raises(ValueError, match="bogus"):
         ModelConfig.from_dict({**MICRO.to_dict(), "bogus": 1})

@@ -202,6 +202,8 @@ def read_source(source: str) -> InitSource:
     if bad:
         raise InitFromError(f"{source}: tensor {bad[0]} is not floating point")
     check_fit(source, shape, weights)
+    # Every field, options a source predates included at their default (off): what it built.
+    shape = ModelConfig.from_dict(shape).to_dict()
     # Weights train in float32 (autocast or not): a bf16/fp16 source widens exactly.
     weights = {name: t.to(torch.float32) for name, t in weights.items()}
     record = {"path": source, **record, "weights_sha256": weights_sha256(weights)}

@@ -1,4 +1,5 @@
-"""AdamW with decay on matrices only, and clipping by global norm."""
+"""The optimizer a run steps (AdamW with decay on matrices only, or Muon for the blocks'
+matrices beside AdamW), its learning rate each step, and clipping by global norm."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 from octlm.config import fused_or_default
+from octlm.trainer.muon import MuonAdamW
 
 
 class OptimSettings(Protocol):
@@ -20,6 +22,9 @@ class OptimSettings(Protocol):
     weight_decay: float
     fused: bool | None
     """None: `config.FUSED_DEFAULT`."""
+    optimizer: str
+    muon_lr: float
+    muon_momentum: float
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -32,13 +37,22 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def param_names(model: nn.Module) -> list[str]:
-    """Parameter names in the optimizer's index order (decay group first, as param_groups)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the optimizer's index order (the order of its groups' parameters),
+    which is how a checkpoint's `optim.{index}.*` tensors map back to parameters."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimSettings) -> torch.optim.AdamW:
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """Muon's parameters: the blocks' 2-D weights. The embedding is also the output layer
+    (tied), a lookup table, not a hidden map: it stays with AdamW, as in every Muon recipe."""
+    return param.dim() == 2 and name.startswith("layers.")
+
+
+def build_optimizer(model: nn.Module, cfg: OptimSettings) -> torch.optim.Optimizer:
+    if cfg.optimizer == "muon":
+        return build_muon(model, cfg)
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),
         lr=cfg.lr,  # overwritten every step by the schedule
@@ -48,9 +62,34 @@ def build_optimizer(model: nn.Module, cfg: OptimSettings) -> torch.optim.AdamW:
     )
 
 
+def build_muon(model: nn.Module, cfg: OptimSettings) -> MuonAdamW:
+    """Muon for the hidden matrices at `muon_lr`, AdamW for the rest at `lr`. `lr_ratio`
+    carries the schedule over: each step the Muon lr is the schedule's lr times muon_lr / lr.
+    Muon's decay is divided by the same ratio, so a matrix shrinks per step by lr x
+    weight_decay, as it would under AdamW."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    hidden = [p for n, p in named if is_hidden_matrix(n, p)]
+    rest = [(n, p) for n, p in named if not is_hidden_matrix(n, p)]
+    ratio = cfg.muon_lr / cfg.lr
+    adam = {"kind": "adamw", "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    groups = [
+        {
+            "kind": "muon",
+            "params": hidden,
+            "lr_ratio": ratio,
+            "momentum": cfg.muon_momentum,
+            "weight_decay": cfg.weight_decay / ratio,
+        },
+        {**adam, "params": [p for n, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {**adam, "params": [p for n, p in rest if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return MuonAdamW(groups, fused=fused_or_default(cfg.fused))
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's `lr` into every group (a Muon group takes it times its `lr_ratio`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_ratio"] if "lr_ratio" in group else lr
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:

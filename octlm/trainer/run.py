@@ -121,7 +121,7 @@ class Run:
     def state_dict(self) -> ckpt.RunState:
         """Every part's state (collective with several ranks: full weights and moments are
         gathered under FSDP, and every rank's generators)."""
-        names = param_names(self.model)
+        names = param_names(self.model, self.optimizer)
         optim = full_optim_state(self.model, self.optimizer, self.dist, self.cfg.parallel, names)
         rngs = gather_objects(rng_state_dict(), self.dist)
         return {
@@ -156,7 +156,7 @@ class Run:
             state[ckpt.OPTIMIZER],
             self.dist,
             self.cfg.parallel,
-            param_names(self.model),
+            param_names(self.model, self.optimizer),
         )
         if self.scaler is not None and state[ckpt.SCALER]:
             self.scaler.load_state_dict(state[ckpt.SCALER])
@@ -308,6 +308,7 @@ def _step_setup(
         skip_nonfinite=cfg.skip_nonfinite,
         world=dist.world,
         reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
+        z_loss=cfg.z_loss,
     )
 
 

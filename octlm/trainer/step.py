@@ -45,6 +45,8 @@ class StepSetup:
     world: int = 1
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
     """With `world` > 1: the sum across ranks (of the target count and the loss)."""
+    z_loss: float = 0.0
+    """Weight of the z-loss term added to the objective (0: off, and not computed)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class StepResult:
     """With --order epoch, the epoch of the step's first sample (set by `advance`)."""
     grad_digests: dict[str, str] | None = None
     """With `digest_grads`: each parameter's gradient digest, before clipping (parameter order)."""
+    z_loss: float | None = None
+    """With a z-loss: its weighted term, the mean over the step's targets (not in `loss`)."""
 
 
 class NonFiniteError(Exception):
@@ -104,7 +108,7 @@ def train_step(
         n_targets = int(reduce_sum(torch.tensor([n_targets], device=device)).item())
     params = clip_model.parameters()
     tracker = MicroGradTracker(params, n_targets) if measure_noise and n_targets else None
-    loss_total = _backward(setup, micro_batches, max(1, n_targets), micro_targets, tracker)
+    loss_total, z_total = _backward(setup, micro_batches, max(1, n_targets), micro_targets, tracker)
     # Read before unscaling and clipping; a constant scale cancels in B_simple anyway.
     noise = simple_noise_scale(*tracker.result()) if tracker is not None else None
     if scaler is not None:
@@ -118,12 +122,29 @@ def train_step(
     # so only the loss is checked there.
     if reduce_sum is not None:
         loss_total = reduce_sum(loss_total)
+        z_total = reduce_sum(z_total) if z_total is not None else None
     loss_value, norm_value = float(loss_total.item()), float(norm.item())
+    z_value = float(z_total.item()) if z_total is not None else None
     if not (math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))):
         optimizer.zero_grad(set_to_none=True)
         if not setup.skip_nonfinite:
             raise NonFiniteError(loss_value, norm_value)
         return StepResult(loss_value, norm_value, n_targets, True, True, noise)
+    skipped = _update(optimizer, scaler)
+    return StepResult(
+        loss_value,
+        norm_value,
+        n_targets,
+        skipped,
+        False,
+        noise,
+        grad_digests=digests,
+        z_loss=z_value,
+    )
+
+
+def _update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> bool:
+    """Apply the step's gradients; True when the fp16 scaler skipped it (inf/nan found)."""
     skipped = False
     if scaler is not None:
         scale_before = scaler.get_scale()
@@ -133,9 +154,7 @@ def train_step(
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(
-        loss_value, norm_value, n_targets, skipped, False, noise, grad_digests=digests
-    )
+    return skipped
 
 
 def grad_digests(model: nn.Module) -> dict[str, str]:
@@ -153,23 +172,33 @@ def _backward(
     denom: int,
     micro_targets: list[int],
     tracker: MicroGradTracker | None,
-) -> torch.Tensor:
-    """Forward and backward of every micro-batch, gradients summed; returns the step's loss.
-    `denom` is the step's real-target count (at least 1: an all-PAD step adds zero, not NaN)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward and backward of every micro-batch, gradients summed; returns the step's loss
+    and, with a z-loss, its weighted term. `denom` is the step's real-target count (at least
+    1: an all-PAD step adds zero, not NaN)."""
     device, world, scaler = setup.device, setup.world, setup.scaler
     loss_total = torch.zeros((), device=device, dtype=torch.float32)
+    z_total = torch.zeros((), device=device, dtype=torch.float32) if setup.z_loss else None
     for micro, batch in enumerate(micro_batches):
         # (inputs, targets), or (inputs, targets, segments) for packed examples
         x, y, *segments = (t.to(device, non_blocking=True) for t in batch)
         hook = setup.before_backward
         with hook(micro) if hook else contextlib.nullcontext():
             with autocast(device, setup.dtype):
-                loss_sum, _ = setup.forward(x, y, *segments)
+                if z_total is None:
+                    loss_sum, _ = setup.forward(x, y, *segments)
+                else:
+                    loss_sum, _, z_sum = setup.forward(x, y, *segments, z_loss=True)
             loss = loss_sum / denom  # summed over micro-batches this is the true masked mean
+            objective = loss
+            if z_total is not None:
+                z_term = setup.z_loss * z_sum / denom
+                objective = loss + z_term
+                z_total += z_term.detach()
             # DDP and FSDP average gradients over ranks; scaling by the world makes it a sum.
-            scaled = loss * world if world > 1 else loss
+            scaled = objective * world if world > 1 else objective
             (scaler.scale(scaled) if scaler else scaled).backward()
         loss_total += loss.detach()
         if tracker is not None:
             tracker.after_micro(micro_targets[micro])
-    return loss_total
+    return loss_total, z_total
