@@ -79,6 +79,18 @@ TRAIN_FLAGS = {
     "requeue_exit_code_zero": (["--requeue-exit-code", "0"], "0 reads as success"),
     "nproc_fork_bomb": (["--nproc", "100000"], "--nproc 100000 must be an integer from 1 to"),
     "out_a_file": (["--out", "tok.json"], "--out tok.json is a file; name a folder"),
+    "optimizer_unknown": (["--optimizer", "sgd"], "optimizer 'sgd' is unknown; use one of"),
+    "muon_lr_zero": (["--optimizer", "muon", "--muon-lr", "0"], "muon_lr=0.0 must be a number"),
+    "muon_lr_without_muon": (["--muon-lr", "0.05"], "muon_lr is for --optimizer muon, not adamw"),
+    "muon_momentum_one": (
+        ["--optimizer", "muon", "--muon-momentum", "1"],
+        "muon_momentum=1.0 must be a number in [0, 1)",
+    ),
+    "softcap_negative": (["--logit-softcap", "-1"], "logit_softcap=-1.0 must be a number in [0,"),
+    "softcap_below_one": (["--logit-softcap", "0.5"], "squashes every logit into (-1, 1)"),
+    "softcap_nan": (["--logit-softcap", "nan"], "logit_softcap=nan must be a number in [0,"),
+    "z_loss_inf": (["--z-loss", "inf"], "z_loss=inf must be a number in [0, 1]"),
+    "z_loss_negative": (["--z-loss=-1e-4"], "z_loss=-0.0001 must be a number in [0, 1]"),
 }
 
 TRAIN_TOML = {
@@ -106,6 +118,9 @@ TRAIN_TOML = {
     "sweep_table_in_train": ("[sweep]\nrepeats = 2", "unknown key(s) sweep"),
     "not_toml": ("steps = = 3", "is not valid TOML"),
     "shape_float_for_int": ("n_layers = 2.0", "n_layers=2.0 must be an integer from 1"),
+    "string_for_qk_norm": ('qk_norm = "yes"', "qk_norm='yes' must be true or false"),
+    "bool_for_softcap": ("logit_softcap = true", "logit_softcap=True must be a number in [0,"),
+    "string_for_optimizer": ("optimizer = 1", "optimizer=1 must be a non-empty string"),
 }
 
 SWEEP = {

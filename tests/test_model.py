@@ -375,3 +375,80 @@ def test_bf16_autocast_forward() -> None:
     assert model.tok_embeddings.weight.grad is not None
     fp32_sum, _ = model(inputs, targets)
     assert (loss_sum / n).item() == pytest.approx((fp32_sum / n).item(), rel=0.02)
+
+
+# --- the recipe options: off by default, each doing what it says -----------------------------
+
+
+def with_options(**options: object) -> ModelConfig:
+    return ModelConfig(**{**MICRO.to_dict(), **options})
+
+
+def test_options_off_build_the_same_model_and_draw_the_same_init() -> None:
+    plain, off = make(), make(with_options(qk_norm=False, logit_softcap=0.0))
+    a, b = plain.state_dict(), off.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_qk_norm_adds_one_gain_per_head_dim_for_q_and_k_and_changes_the_logits() -> None:
+    plain, normed = make(), make(with_options(qk_norm=True))
+    extra = set(normed.state_dict()) - set(plain.state_dict())
+    want = {f"layers.{i}.attention.{n}_norm.weight" for i in range(2) for n in "qk"}
+    assert extra == want
+    assert all(normed.state_dict()[k].shape == (MICRO.head_dim,) for k in extra)
+    shared = {k: v for k, v in plain.state_dict().items()}
+    normed.load_state_dict({**normed.state_dict(), **shared})  # same weights, gains of one
+    x = batch()
+    assert not torch.allclose(plain(x), normed(x))
+
+
+def test_qk_norm_normalises_each_heads_query_before_rope() -> None:
+    cfg = with_options(qk_norm=True)
+    attn = make(cfg).layers[0].attention
+    x = torch.randn(1, 5, cfg.d_model)
+    q = attn.wq(x).view(1, 5, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+    normed = attn.q_norm(q)
+    rms = normed.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-3, rtol=0)
+
+
+def test_softcap_bounds_the_logits_and_is_c_tanh_of_the_plain_ones() -> None:
+    cap = 0.05  # below the init's largest logit, so the cap binds (a run refuses caps < 1)
+    plain, capped = make(), make(with_options(logit_softcap=cap))
+    capped.load_state_dict(plain.state_dict())
+    x = batch()
+    raw, out = plain(x), capped(x)
+    assert raw.abs().max() > cap >= out.abs().max()
+    torch.testing.assert_close(out, cap * torch.tanh(raw / cap))
+
+
+def test_z_loss_sum_is_the_squared_log_normaliser_over_real_targets() -> None:
+    model = make()
+    x = batch()
+    y = x.roll(-1, dims=1)
+    y[0, :4] = IGNORE_INDEX
+    loss_sum, n, z_sum = model(x, y, z_loss=True)
+    plain_sum, plain_n = model(x, y)
+    assert torch.equal(loss_sum, plain_sum) and torch.equal(n, plain_n)  # the loss is the CE
+    log_z = torch.logsumexp(model(x).float(), dim=-1)
+    want = log_z.square()[y != IGNORE_INDEX].sum()
+    torch.testing.assert_close(z_sum, want)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"qk_norm": 1}, "qk_norm"),
+        ({"logit_softcap": -1.0}, "logit_softcap"),
+        ({"logit_softcap": math.inf}, "logit_softcap"),
+        ({"logit_softcap": True}, "logit_softcap"),
+    ],
+)
+def test_bad_option_values_raise(options: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        with_options(**options)
+
+
+def test_a_config_written_before_the_options_reads_with_them_off() -> None:
+    old = {k: v for k, v in MICRO.to_dict().items() if k not in ("qk_norm", "logit_softcap")}
+    assert ModelConfig.from_dict(old) == MICRO

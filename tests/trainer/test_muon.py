@@ -1,0 +1,150 @@
+"""MuonAdamW: which parameters take which rule, each rule's update against its definition, the
+AdamW part bit for bit against torch.optim.AdamW, and a state_dict round trip through the
+checkpoint's flat layout."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from octlm.config import TrainConfig
+from octlm.model import GPT, ModelConfig
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.muon import MuonAdamW, orthogonalize
+from octlm.trainer.optim import build_optimizer, param_names, set_lr
+
+MICRO = ModelConfig(
+    vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, context=16
+)
+
+
+def muon_config(**changes) -> TrainConfig:
+    return TrainConfig(model="micro", context=16, optimizer="muon", **changes)
+
+
+def model_with_grads(seed: int = 0, qk_norm: bool = False) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(ModelConfig(**{**MICRO.to_dict(), "qk_norm": qk_norm}))
+    x = torch.randint(0, MICRO.vocab_size, (2, 16))
+    loss_sum, n = model(x, x.roll(-1, dims=1))
+    (loss_sum / n).backward()
+    return model
+
+
+@pytest.mark.parametrize("shape", [(48, 32), (32, 48), (32, 32)])
+def test_orthogonalize_approximates_u_v_transpose(shape) -> None:
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    out = orthogonalize(g)
+    assert out.shape == g.shape and out.dtype == g.dtype
+    singular = torch.linalg.svdvals(out)
+    # Keller's quintic trades exactness for speed: singular values land near 1, not on it.
+    assert singular.min() > 0.6 and singular.max() < 1.3
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    cosine = (out * (u @ vh)).sum() / (out.norm() * (u @ vh).norm())
+    assert cosine > 0.95
+
+
+def test_the_blocks_matrices_take_muon_and_the_rest_adamw() -> None:
+    model = model_with_grads(qk_norm=True)
+    opt = build_optimizer(model, muon_config(qk_norm=True))
+    kinds = [g["kind"] for g in opt.param_groups]
+    assert kinds == ["muon", "adamw", "adamw"]
+    names = param_names(model, opt)
+    sizes = [len(g["params"]) for g in opt.param_groups]
+    muon, adam_2d, adam_1d = names[: sizes[0]], names[sizes[0] : -sizes[2]], names[-sizes[2] :]
+    assert all(n.startswith("layers.") and n.endswith(("w1.weight", "w2.weight", "w3.weight",
+               "wq.weight", "wk.weight", "wv.weight", "wo.weight")) for n in muon)  # fmt: skip
+    assert len(muon) == 7 * MICRO.n_layers
+    assert adam_2d == ["tok_embeddings.weight"]
+    assert any(n.endswith("q_norm.weight") for n in adam_1d) and "norm.weight" in adam_1d
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_muon_step_is_its_definition() -> None:
+    """momentum -> Nesterov -> Newton-Schulz -> decoupled decay and a shape-scaled step."""
+    model = model_with_grads()
+    cfg = muon_config(weight_decay=0.1, muon_lr=0.02, muon_momentum=0.9)
+    opt = build_optimizer(model, cfg)
+    set_lr(opt, cfg.lr)
+    group = opt.param_groups[0]
+    assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(
+        0.1 * cfg.lr / 0.02
+    )
+    p = model.layers[0].feed_forward.w1.weight  # (48, 32): tall, scaled by sqrt(48 / 32)
+    before, grad = p.detach().clone(), p.grad.clone()
+    opt.step()
+    nesterov = grad.add(grad, alpha=0.9)  # the buffer starts at 0: after one step it is grad
+    lr = group["lr"]
+    want = before.mul(1 - lr * group["weight_decay"])
+    want.add_(orthogonalize(nesterov), alpha=-lr * math.sqrt(48 / 32))
+    assert torch.equal(p.detach(), want)
+    assert torch.equal(opt.state[p]["momentum_buffer"], grad)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_adamw_part_is_torch_adamw_bit_for_bit(fused) -> None:
+    model_a, model_b = model_with_grads(), model_with_grads()
+    emb_a, emb_b = model_a.tok_embeddings.weight, model_b.tok_embeddings.weight
+    norm_a, norm_b = model_a.norm.weight, model_b.norm.weight
+    settings = {"kind": "adamw", "betas": (0.9, 0.95), "eps": 1e-8, "lr": 1e-3}
+    ours = MuonAdamW(
+        [
+            {**settings, "params": [emb_a], "weight_decay": 0.1},
+            {**settings, "params": [norm_a], "weight_decay": 0.0},
+        ],
+        fused=fused,
+    )
+    theirs = torch.optim.AdamW(
+        [{"params": [emb_b], "weight_decay": 0.1}, {"params": [norm_b], "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=True if fused else None,
+    )
+    for _ in range(3):
+        ours.step()
+        theirs.step()
+    assert torch.equal(emb_a, emb_b) and torch.equal(norm_a, norm_b)
+    assert torch.equal(ours.state[emb_a]["exp_avg_sq"], theirs.state[emb_b]["exp_avg_sq"])
+
+
+def test_state_round_trips_through_the_checkpoint_layout() -> None:
+    """Saved after two steps and loaded into a fresh optimizer, the third step is the same."""
+    cfg = muon_config()
+    model = model_with_grads()
+    opt = build_optimizer(model, cfg)
+    opt.step()
+    opt.step()
+    meta, tensors = ckpt.optimizer_to_flat(opt)
+    assert any(k.endswith(".momentum_buffer") for k in tensors)
+    assert any(k.endswith(".exp_avg") for k in tensors)
+    restored_sd = ckpt.optimizer_from_flat(meta, ckpt.optimizer_tensors(tensors))
+    twin = model_with_grads()
+    twin.load_state_dict(model.state_dict())
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        q.grad = p.grad.clone()
+    twin_opt = build_optimizer(twin, cfg)
+    twin_opt.load_state_dict(restored_sd)
+    opt.step()
+    twin_opt.step()
+    assert all(
+        torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters(), strict=True)
+    )
+
+
+def test_set_lr_scales_only_the_muon_group() -> None:
+    model = model_with_grads()
+    opt = build_optimizer(model, muon_config(muon_lr=0.05, lr=1e-3))
+    set_lr(opt, 5e-4)  # half the peak: the Muon lr is half its peak too
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert [g["lr"] for g in opt.param_groups[1:]] == [5e-4, 5e-4]
+    adam = build_optimizer(model, TrainConfig(model="micro", context=16))
+    set_lr(adam, 5e-4)
+    assert all(g["lr"] == 5e-4 and "lr_ratio" not in g for g in adam.param_groups)
+
+
+def test_a_muon_group_refuses_a_vector() -> None:
+    with pytest.raises(ValueError, match="only 2-D"):
+        MuonAdamW([{"kind": "muon", "params": [torch.nn.Parameter(torch.ones(3))]}], fused=False)
