@@ -1,9 +1,14 @@
-"""octlm <-> Hugging Face Llama: tensor names both ways, and config.json both ways.
+"""octlm <-> Hugging Face Llama and Qwen3: tensor names both ways, and config.json both ways.
 
 octlm's model is Llama's architecture with Llama's RoPE layout (dimension i pairs with
 i + head_dim/2, as transformers' rotate_half does), so a conversion is a renaming of tensors:
-none is permuted. `octlm export` writes with this table and `--init-from` reads with it; only
-json is needed here, torch is imported by the callers (the CLI parser must stay quick).
+none is permuted. With `qk_norm` it is Qwen3's (Llama plus an RMSNorm of head_dim on each
+head's queries and keys before RoPE, eps rms_norm_eps), so such a model maps to
+Qwen3ForCausalLM, the same names plus `self_attn.q_norm`/`k_norm`. A logit soft-cap has no
+counterpart in either (Gemma 2 has one, in an architecture that differs otherwise), so such a
+model is not exported. `octlm export` writes with these tables and `--init-from` reads with
+them; only json is needed here, torch is imported by the callers (the CLI parser must stay
+quick).
 """
 
 from __future__ import annotations
@@ -35,18 +40,28 @@ TOP_NAMES = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
     "norm.weight": "model.norm.weight",
 }
+# Qwen3's per-head norms of q and k: octlm's `qk_norm` (a Llama model has neither).
+QK_NORM_NAMES = {
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
+}
 LM_HEAD = "lm_head.weight"  # the tied output layer: octlm has no tensor of its own for it
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+"""model_type -> the architecture octlm maps to it (Qwen3 for a model with qk_norm)."""
 
 
 class LlamaError(OctlmError):
-    """Weights or a config.json that octlm's model cannot hold."""
+    """Weights or a config.json that octlm's model cannot hold, or a model that no config.json
+    octlm writes can describe."""
 
 
-def name_table(n_layers: int) -> dict[str, str]:
-    """octlm name -> Llama name for every weight of an `n_layers` model."""
+def name_table(n_layers: int, qk_norm: bool = False) -> dict[str, str]:
+    """octlm name -> Llama name (Qwen3 name, with `qk_norm`) for every weight of an `n_layers`
+    model."""
     table = dict(TOP_NAMES)
+    layer_names = {**LAYER_NAMES, **QK_NORM_NAMES} if qk_norm else LAYER_NAMES
     for i in range(n_layers):
-        for ours, theirs in LAYER_NAMES.items():
+        for ours, theirs in layer_names.items():
             table[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
     return table
 
@@ -59,7 +74,7 @@ def renamed(
         extra, missing = sorted(set(weights) - set(table)), sorted(set(table) - set(weights))
         raise LlamaError(
             f"the {what} weights do not fit the model (extra {extra[:3]}, missing {missing[:3]})",
-            "name an octlm checkpoint or a LlamaForCausalLM folder",
+            "name an octlm checkpoint or a LlamaForCausalLM or Qwen3ForCausalLM folder",
         )
     return {table[name]: t.detach().contiguous() for name, t in weights.items()}
 
@@ -69,14 +84,20 @@ def layers_held(names: Iterable[str], prefix: str) -> int:
     return len({name[len(prefix) :].split(".")[0] for name in names if name.startswith(prefix)})
 
 
-def hf_state_dict(weights: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """octlm weights under Llama's names; the tied output layer gets no `lm_head` entry."""
-    return renamed(weights, name_table(n_layers), "checkpoint's")
+def hf_state_dict(
+    weights: dict[str, torch.Tensor], n_layers: int, qk_norm: bool = False
+) -> dict[str, torch.Tensor]:
+    """octlm weights under Llama's names (Qwen3's, with `qk_norm`); the tied output layer gets
+    no `lm_head` entry."""
+    return renamed(weights, name_table(n_layers, qk_norm), "checkpoint's")
 
 
-def octlm_state_dict(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """Llama weights under octlm's names (the inverse of `hf_state_dict`). An `lm_head.weight`
-    is accepted only as a copy of the embedding (tied), since octlm has no separate head."""
+def octlm_state_dict(
+    hf: dict[str, torch.Tensor], n_layers: int, qk_norm: bool = False
+) -> dict[str, torch.Tensor]:
+    """Llama (or, with `qk_norm`, Qwen3) weights under octlm's names (the inverse of
+    `hf_state_dict`). An `lm_head.weight` is accepted only as a copy of the embedding (tied),
+    since octlm has no separate head."""
     hf = dict(hf)
     held = layers_held(hf, "model.layers.")
     if held != n_layers:  # before a name table of n_layers blocks is built
@@ -90,14 +111,28 @@ def octlm_state_dict(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str, to
             f"{LM_HEAD} differs from the embedding (untied)",
             "octlm ties the output layer to the embedding: use a model with tied embeddings",
         )
-    inverse = {theirs: ours for ours, theirs in name_table(n_layers).items()}
-    return renamed(hf, inverse, "Llama")
+    inverse = {theirs: ours for ours, theirs in name_table(n_layers, qk_norm).items()}
+    return renamed(hf, inverse, "Qwen3" if qk_norm else "Llama")
+
+
+def check_exportable(config: ModelConfig) -> None:
+    """Refuse a model that no architecture octlm writes computes: one with a logit soft-cap.
+    transformers' Llama and Qwen3 read no `final_logit_softcapping` (only Gemma 2/3 do)."""
+    if config.logit_softcap > 0:
+        raise LlamaError(
+            f"the model uses --logit-softcap {config.logit_softcap:g}, which no Hugging Face "
+            "architecture octlm exports to has (Gemma 2's also scales the embeddings, adds norms "
+            "and uses GELU)",
+            "export a model trained without it (or use --format safetensors, octlm's own)",
+        )
 
 
 def hf_config(config: ModelConfig, dtype: torch.dtype | str = "float32") -> dict[str, Any]:
-    """config.json for LlamaForCausalLM (special-token ids are added by the caller)."""
+    """config.json for LlamaForCausalLM, or Qwen3ForCausalLM for a model with qk_norm
+    (special-token ids are added by the caller); a soft-capped model is refused."""
+    check_exportable(config)
     dtype_name = str(dtype).removeprefix("torch.")  # the checkpoint's: float32 unless edited
-    return {
+    llama = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": config.vocab_size,
@@ -123,18 +158,34 @@ def hf_config(config: ModelConfig, dtype: torch.dtype | str = "float32") -> dict
         "dtype": dtype_name,
         "use_cache": True,
     }
+    return _qwen3_config(llama, config.n_layers) if config.qk_norm else llama
+
+
+def _qwen3_config(llama: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """Llama's config.json as Qwen3's: the same fields (Qwen3's MLP has no bias option), no
+    sliding window on any layer (transformers 5 writes layer_types; 4 derives them)."""
+    cfg = {key: value for key, value in llama.items() if key != "mlp_bias"}
+    cfg.update(architectures=[ARCHITECTURES["qwen3"]], model_type="qwen3")
+    cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=n_layers)
+    cfg["layer_types"] = ["full_attention"] * n_layers
+    return cfg
 
 
 # What octlm's model is, for the config.json fields that could say otherwise; a field that is
-# absent takes transformers' LlamaConfig default (which for tie_word_embeddings is False).
+# absent takes transformers' LlamaConfig (Qwen3Config) default, which for tie_word_embeddings
+# is False. Qwen3 has no mlp_bias nor pretraining_tp: its MLP has no bias, and no TP split.
+_SHARED = {"tie_word_embeddings": (True, False), "attention_bias": (False, False)}
+_SHARED["hidden_act"] = ("silu", "silu")
 _REQUIRED = {
-    "model_type": ("llama", "llama"),
-    "tie_word_embeddings": (True, False),
-    "attention_bias": (False, False),
-    "mlp_bias": (False, False),
-    "hidden_act": ("silu", "silu"),
-    "pretraining_tp": (1, 1),
+    "llama": {"model_type": ("llama", "llama"), **_SHARED, "mlp_bias": (False, False)},
+    "qwen3": {"model_type": ("qwen3", "qwen3"), **_SHARED, "use_sliding_window": (False, False)},
 }
+_REQUIRED["llama"]["pretraining_tp"] = (1, 1)
+FIX_KIND = {
+    "llama": "use a LlamaForCausalLM with tied embeddings, no biases and silu",
+    "qwen3": "use a Qwen3ForCausalLM with tied embeddings, no biases, silu and no sliding window",
+}
+QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim when config.json gives none (not hidden / heads)
 FIX_CONFIG = "fix config.json (transformers' save_pretrained writes a complete one)"
 FIX_WEIGHTS = "name a folder whose config.json describes its weights"
 FIX_ROPE = "octlm's RoPE is plain (unscaled, on every dimension): use a model with default RoPE"
@@ -147,7 +198,10 @@ _SIZES = {
     "intermediate_size": "d_ff",
     "max_position_embeddings": "context",
 }
-_SIZE_DEFAULTS = {"max_position_embeddings": 2048}
+_SIZE_DEFAULTS = {
+    "llama": {"max_position_embeddings": 2048},
+    "qwen3": {"max_position_embeddings": 32768},
+}
 _NUMBERS = {"rms_norm_eps": ("norm_eps", 1e-6), "initializer_range": ("init_std", 0.02)}
 DEFAULT_ROPE_THETA = 10000.0
 
@@ -221,20 +275,50 @@ def _rope_base(cfg: dict[str, Any]) -> float:
     return next(iter(thetas.values()), DEFAULT_ROPE_THETA)
 
 
-def _check_kind(cfg: dict[str, Any]) -> None:
-    """A LlamaForCausalLM whose every option octlm's model has (tied, no biases, silu, ...)."""
-    arch = cfg.get("architectures") or ["LlamaForCausalLM"]
-    if arch != ["LlamaForCausalLM"]:
+def _check_kind(cfg: dict[str, Any]) -> str:
+    """The kind, "llama" or "qwen3", of a LlamaForCausalLM or Qwen3ForCausalLM whose every
+    option octlm's model has (tied, no biases, silu, no sliding window, ...). Without
+    architectures, model_type decides (as it does for transformers' AutoModel)."""
+    arch = cfg.get("architectures")
+    kinds = {name: kind for kind, name in ARCHITECTURES.items()}
+    if not arch:
+        kind = "qwen3" if cfg.get("model_type") == "qwen3" else "llama"
+    elif arch not in [[name] for name in kinds]:
         raise LlamaError(
-            f'config.json: architectures={arch!r} is not ["LlamaForCausalLM"]',
-            "octlm reads Llama causal LMs only",
+            f'config.json: architectures={arch!r} is not ["LlamaForCausalLM"] or '
+            '["Qwen3ForCausalLM"]',
+            "octlm reads Llama and Qwen3 causal LMs only",
         )
-    for key, (want, default) in _REQUIRED.items():
+    else:
+        kind = kinds[arch[0]]
+    for key, (want, default) in _REQUIRED[kind].items():
         if cfg.get(key, default) != want:
             raise LlamaError(
                 f"config.json: {key}={cfg.get(key, default)!r} (octlm's model needs {want!r})",
-                "use a LlamaForCausalLM with tied embeddings, no biases and silu",
+                FIX_KIND[kind],
             )
+    layer_types = cfg.get("layer_types") or []
+    full = isinstance(layer_types, list) and all(t == "full_attention" for t in layer_types)
+    if kind == "qwen3" and not full:
+        raise LlamaError(
+            f"config.json: layer_types={layer_types!r} (octlm's model needs full_attention on "
+            "every layer)",
+            FIX_KIND[kind],
+        )
+    return kind
+
+
+def _head_dim(cfg: dict[str, Any], kind: str, d_model: int, heads: int) -> int | None:
+    """config.json's head_dim (None: hidden_size / heads); a Qwen3 one without it has 128."""
+    if cfg.get("head_dim") is not None:
+        return _size(cfg, "head_dim")
+    if kind == "qwen3" and QWEN3_HEAD_DIM * heads != d_model:
+        raise LlamaError(
+            f"config.json gives no head_dim, and Qwen3's default {QWEN3_HEAD_DIM} x {heads} "
+            f"heads is not hidden_size={d_model}",
+            "octlm's heads split the width: set head_dim = hidden_size / num_attention_heads",
+        )
+    return None
 
 
 def _check_heads(d_model: int, heads: int, kv_heads: int, head_dim: int | None) -> None:
@@ -264,17 +348,19 @@ def _check_heads(d_model: int, heads: int, kv_heads: int, head_dim: int | None) 
 
 
 def model_config_from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig fields of a LlamaForCausalLM config.json; a one-line error naming the first
-    field whose value octlm's model cannot express."""
-    _check_kind(cfg)
+    """ModelConfig fields of a LlamaForCausalLM or Qwen3ForCausalLM config.json (Qwen3: with
+    qk_norm); a one-line error naming the first field whose value octlm's model cannot express."""
+    kind = _check_kind(cfg)
+    defaults = _SIZE_DEFAULTS[kind]
     fields: dict[str, Any] = {
-        ours: _size(cfg, key, _SIZE_DEFAULTS.get(key)) for key, ours in _SIZES.items()
+        ours: _size(cfg, key, defaults.get(key)) for key, ours in _SIZES.items()
     }
     heads = fields["n_heads"]
     fields["n_kv_heads"] = _size(cfg, "num_key_value_heads", heads)  # transformers: null = heads
-    head_dim = None if cfg.get("head_dim") is None else _size(cfg, "head_dim")
+    head_dim = _head_dim(cfg, kind, fields["d_model"], heads)
     _check_heads(fields["d_model"], heads, fields["n_kv_heads"], head_dim)
     fields["rope_base"] = _rope_base(cfg)
     for key, (ours, default) in _NUMBERS.items():
         fields[ours] = default if key not in cfg else _number(cfg[key], key)
+    fields["qk_norm"] = kind == "qwen3"
     return fields

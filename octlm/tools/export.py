@@ -1,7 +1,8 @@
-"""Export a run's model: a Hugging Face Llama folder, or one plain safetensors file.
+"""Export a run's model: a Hugging Face Llama (or Qwen3) folder, or one plain safetensors file.
 
-octlm's model is Llama's architecture with Llama's RoPE layout, so the `hf` export is a renaming
-of tensors (`octlm.llama`'s table) plus config and tokenizer files; no tensor is permuted. Only
+octlm's model is Llama's architecture with Llama's RoPE layout (Qwen3's with --qk-norm), so the
+`hf` export is a renaming of tensors (`octlm.llama`'s table) plus config and tokenizer files; no
+tensor is permuted. A model with --logit-softcap has no such architecture and is refused. Only
 safetensors and json are needed here: `transformers` is for whoever loads the result, never
 imported by octlm.
 Importing this module imports no torch (the CLI parser reads FORMATS); exporting does.
@@ -88,7 +89,9 @@ def export_hf(
     force: bool = False,
     tokenizer: str | Path | None = None,
 ) -> Path:
-    """Write a LlamaForCausalLM folder: config, weights, tokenizer and generation config."""
+    """Write a LlamaForCausalLM folder (Qwen3ForCausalLM for a model with qk_norm): config,
+    weights, tokenizer and generation config. A soft-capped model is refused before anything
+    is written."""
     from safetensors.torch import save_file
 
     from octlm.data.dataset_tokenizer import tokenizer_at
@@ -101,7 +104,8 @@ def export_hf(
         raise OctlmError(f"{out} is a file", "name a folder for --format hf")
     info, weights = load_weights(run_or_ckpt)
     config = ModelConfig.from_dict(info.model_config)  # type: ignore[arg-type]
-    tensors = hf_state_dict(weights, config.n_layers)
+    model_json = hf_config(config, weights["tok_embeddings.weight"].dtype)  # or refused
+    tensors = hf_state_dict(weights, config.n_layers, config.qk_norm)
     tok_path = tokenizer_file(info, tokenizer)
     tok = tokenizer_at(tok_path)  # with the BOS/EOS/PAD ids the data was prepared with
     ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
@@ -111,10 +115,7 @@ def export_hf(
     staging.mkdir(parents=True)
     try:
         save_file(tensors, str(staging / SAFETENSORS_NAME), metadata={"format": "pt"})
-        _write_json(
-            staging / "config.json",
-            {**hf_config(config, weights["tok_embeddings.weight"].dtype), **ids},
-        )
+        _write_json(staging / "config.json", {**model_json, **ids})
         _write_json(staging / "generation_config.json", {**ids, "do_sample": False})
         shutil.copyfile(tok_path, staging / TOKENIZER_NAME)
         _write_json(staging / "tokenizer_config.json", tokenizer_config(config.context, tok))

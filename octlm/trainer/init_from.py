@@ -1,10 +1,11 @@
 """`--init-from`: the weights and shape a new run starts from, read safely.
 
 A source is an octlm run folder, checkpoint or snapshot file, or a Hugging Face LlamaForCausalLM
-folder (config.json + safetensors, as `octlm export` writes). Only safetensors are read, so
-nothing in a source can run code: pickle files (.bin, .pt, ...) are refused unopened. The
-source decides the model's shape; the run decides its context (at most the source's) and
-dropout, and its data must use the source's tokenizer.
+or Qwen3ForCausalLM folder (config.json + safetensors, as `octlm export` writes; Qwen3's per-head
+q/k norms are octlm's qk_norm). Only safetensors are read, so nothing in a source can run code:
+pickle files (.bin, .pt, ...) are refused unopened. The source decides the model's shape; the
+run decides its context (at most the source's) and dropout, and its data must use the source's
+tokenizer.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from octlm.trainer.resume import load_newest_valid
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HF_CONFIG, HF_WEIGHTS, HF_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 FIX_JSON = "fix or replace it"
-FIX_SOURCE = "name an octlm run folder or checkpoint, or a LlamaForCausalLM folder"
+FIX_SOURCE = (
+    "name an octlm run folder or checkpoint, or a LlamaForCausalLM or Qwen3ForCausalLM folder"
+)
 FIX_PICKLE = (
     "convert it to safetensors: load it with transformers and save_pretrained(OUT) (the default "
     "since transformers 4.35; before it, pass safe_serialization=True)"
@@ -120,7 +123,7 @@ def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dic
     else:
         _refuse_pickles(folder)  # pytorch_model.bin: say why it is not read
         raise InitFromError(f"{folder} holds no {HF_WEIGHTS}", "save the model as safetensors")
-    weights = octlm_state_dict(_read_safetensors(files), shape["n_layers"])
+    weights = octlm_state_dict(_read_safetensors(files), shape["n_layers"], shape["qk_norm"])
     tok = folder / "tokenizer.json"
     tokenizer = file_sha256(tok) if tok.is_file() else None
     return shape, weights, {"kind": "hf", "file": str(files[0].resolve()), "tokenizer": tokenizer}
