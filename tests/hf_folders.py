@@ -3,9 +3,9 @@
 Two kinds, as on the Hub: a GPT-2-style ByteLevel BPE whose `<s>`/`</s>` are appended at the end
 of the vocabulary (no PAD; transformers adds no BOS: no post-processor), and a Llama-style
 Metaspace BPE with byte fallback, `<unk>`/`<s>`/`</s>` at ids 0-2, no PAD, BOS added.
-Also a random `LlamaForCausalLM` saved by transformers, and copies of such a folder with its
-config.json changed (the `--init-from` refusals). Test modules import from here, never from
-each other.
+Also a random `LlamaForCausalLM` and `Qwen3ForCausalLM` saved by transformers, and copies of
+such a folder with its config.json changed (the `--init-from` refusals). Test modules import
+from here, never from each other.
 """
 
 from __future__ import annotations
@@ -124,20 +124,42 @@ DROP = object()
 """In a `config_variant` change: remove the key."""
 
 
+def _small(vocab_size: int, config: dict[str, object]) -> dict[str, object]:
+    """The config of the random models: 2 layers, d 32, 4 heads / 2 kv, context 64, tied."""
+    return {
+        "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": True, **config,
+    }  # fmt: skip
+
+
 def random_llama(folder: Path, vocab_size: int = 512, **config: object):
     """A random tied `LlamaForCausalLM` (2 layers, d 32, 4 heads / 2 kv, context 64; seed 0)
     saved in `folder` with transformers' own save_pretrained; returns the model."""
     import torch
     import transformers
 
-    settings = {
-        "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": True, **config,
-    }  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_small(vocab_size, config)))
+    model.eval().save_pretrained(folder)
+    return model
+
+
+def random_qwen3(folder: Path, vocab_size: int = 512, **config: object):
+    """A random tied `Qwen3ForCausalLM` of `random_llama`'s shape (head_dim 8, no sliding
+    window; seed 0) whose norm gains, q/k norms included, are drawn in [0.5, 2] (transformers
+    initialises them to 1), saved with transformers' own save_pretrained; returns the model."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    settings = _small(vocab_size, {"head_dim": 8, **config})
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**settings)).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith("norm.weight"):
+                weight.uniform_(0.5, 2.0)
     model.save_pretrained(folder)
     return model
 
