@@ -323,9 +323,9 @@ def _add_page_commands(sub: Any) -> None:
 
 
 def _add_export_command(sub: Any) -> None:
-    ex = _run_parser(sub, "export", "write a Hugging Face Llama folder or plain safetensors")
+    ex = _run_parser(sub, "export", "write a Hugging Face Llama/Qwen3 folder or plain safetensors")
     ex.add_argument("out", help="folder to write (safetensors: a folder or a .safetensors file)")
-    kinds = "hf: LlamaForCausalLM folder with tokenizer (default); safetensors: octlm's weights"
+    kinds = "hf: Llama (Qwen3 with q/k norms) folder with tokenizer (default); safetensors"
     ex.add_argument("--format", choices=FORMATS, default="hf", dest="fmt", help=kinds)
     ex.add_argument("--tokenizer", help="the run's tokenizer.json (default: its dataset's)")
     ex.add_argument("--force", action="store_true", help="write into a non-empty OUT")

@@ -142,7 +142,8 @@ class TrainConfig:
     prompt/completion data, packed windows drawn with replacement, or each once per epoch."""
     init_from: str | None = _new_trajectory(None)
     """Start from these weights (an octlm run folder or checkpoint file, or a Hugging Face
-    LlamaForCausalLM folder), whose shape the model takes; fresh optimizer, step 0."""
+    LlamaForCausalLM or Qwen3ForCausalLM folder), whose shape the model takes; fresh optimizer,
+    step 0."""
     blocks: str | None = _setting(None)  # its blocks' content is part of the data fingerprint
     """Train and validate on in-memory blocks made from this text/JSONL file (the first seed's
     path: a short stream is padded and PAD targets are masked); the tokenizer comes from data."""

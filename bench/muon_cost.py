@@ -1,0 +1,93 @@
+"""What Muon's optimizer step costs beside a training step, at the `small` shape on this CPU.
+
+    .venv/bin/python -m bench.muon_cost [--rounds 7]
+
+Two settings of the `small` model (6 layers, width 384, GQA 6/2, SwiGLU 1024):
+- `bench`: the shape bench/quality.py trains (vocabulary 4096, 8 sequences of 256 tokens, no
+  accumulation): the regime where quality per second is judged on 2 cores.
+- `small`: the shipped `small` preset and config (vocabulary 32768, 16 x 1024 tokens per
+  micro-batch, 32 micro-batches per step); one micro-batch is timed and the step's forward and
+  backward counted as 32 of them (each takes the same work).
+Each round times, interleaved on the same gradients: one micro-batch's forward and backward,
+AdamW's step (fused, as a run uses it) and MuonAdamW's step. The result is each one's median
+over rounds, and Muon's share of a whole step: muon / (accum x fwd+bwd + muon), beside AdamW's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from octlm.config import TrainConfig
+from octlm.model import GPT, preset
+from octlm.trainer.optim import build_optimizer
+
+SETTINGS = {
+    # name: (vocabulary, micro_batch, context, accum)
+    "bench": (4096, 8, 256, 1),
+    "small": (32768, 16, 1024, 32),
+}
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(name: str, rounds: int) -> dict[str, float]:
+    vocab, micro, context, accum = SETTINGS[name]
+    torch.manual_seed(0)
+    model = GPT(preset("small", vocab_size=vocab, context=context))
+    cfg = TrainConfig(model="small", context=context, micro_batch=micro, accum=accum)
+    optimizers = {
+        "adamw": build_optimizer(model, cfg),
+        "muon": build_optimizer(model, cfg.replace(optimizer="muon")),
+    }
+    x = torch.randint(0, vocab, (micro, context))
+
+    def fwd_bwd() -> None:
+        model.zero_grad(set_to_none=True)
+        loss_sum, n = model(x, x.roll(-1, dims=1))
+        (loss_sum / n).backward()
+
+    times: dict[str, list[float]] = {"fwd_bwd": [], "adamw": [], "muon": []}
+    for r in range(rounds + 1):  # the first round warms allocators and states up
+        t = timed(fwd_bwd)
+        # The grads stay: both optimizers step on the same ones (the weights drift, the cost
+        # does not), in an order that alternates between rounds.
+        order = ("adamw", "muon") if r % 2 else ("muon", "adamw")
+        step = {kind: timed(optimizers[kind].step) for kind in order}
+        if r:
+            times["fwd_bwd"].append(t)
+            for kind in order:
+                times[kind].append(step[kind])
+    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    step_ms = accum * med["fwd_bwd"]
+    med["muon_share"] = med["muon"] / (step_ms + med["muon"])
+    med["adamw_share"] = med["adamw"] / (step_ms + med["adamw"])
+    return med
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.rounds}")
+    print(f"{'setting':8} {'fwd+bwd ms':>11} {'x accum':>8} {'adamw ms':>9} {'muon ms':>8} "
+          f"{'adamw share':>12} {'muon share':>11}")  # fmt: skip
+    for name in args.settings:
+        m = measure(name, args.rounds)
+        accum = SETTINGS[name][3]
+        print(
+            f"{name:8} {m['fwd_bwd']:11.1f} {accum:8d} {m['adamw']:9.1f} {m['muon']:8.1f} "
+            f"{m['adamw_share']:12.1%} {m['muon_share']:11.1%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
