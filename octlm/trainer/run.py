@@ -83,6 +83,10 @@ class Run:
     wrapped: nn.Module
     """The model under DDP or FSDP (the model itself with one process)."""
     optimizer: torch.optim.Optimizer
+    param_names: list[str]
+    """The parameters' names in the optimizer's index order, read once when it is built: FSDP2
+    later swaps the root module's parameters for unsharded ones, which the optimizer never
+    holds, so the names cannot be matched by identity after a step."""
     scaler: torch.amp.GradScaler | None
     sampler: Sampler
     val: ValidationSet
@@ -121,7 +125,7 @@ class Run:
     def state_dict(self) -> ckpt.RunState:
         """Every part's state (collective with several ranks: full weights and moments are
         gathered under FSDP, and every rank's generators)."""
-        names = param_names(self.model, self.optimizer)
+        names = self.param_names
         optim = full_optim_state(self.model, self.optimizer, self.dist, self.cfg.parallel, names)
         rngs = gather_objects(rng_state_dict(), self.dist)
         return {
@@ -156,7 +160,7 @@ class Run:
             state[ckpt.OPTIMIZER],
             self.dist,
             self.cfg.parallel,
-            param_names(self.model, self.optimizer),
+            self.param_names,
         )
         if self.scaler is not None and state[ckpt.SCALER]:
             self.scaler.load_state_dict(state[ckpt.SCALER])
@@ -272,6 +276,7 @@ def build_run(cfg: TrainConfig) -> Run:
         model=model,
         wrapped=wrapped,
         optimizer=optimizer,
+        param_names=param_names(model, optimizer),
         scaler=scaler,
         sampler=build_sampler(cfg, train, dist),
         val=validation_set(cfg, train, val, tokenizer),
