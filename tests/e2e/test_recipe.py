@@ -1,0 +1,278 @@
+"""The recipe options resume exactly: --optimizer muon (one process, DDP, FSDP2), --qk-norm,
+--logit-softcap and --z-loss, each stopped and resumed in a new process, end bit-identical to
+their straight runs (end weights, every step's loss and grad norm, the optimizer's tensors).
+
+Each option also has a control that must differ, so each comparison is shown able to fail and
+each option shown to act: a Muon resume with its momentum wiped, and each model option against
+the same run without it. Every run is a real `python -m octlm train` subprocess (torchrun with
+gloo for 2 processes). Stopped runs are shared: a test resumes its own copy of one.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from octlm.model import GPT, ModelConfig
+from octlm.runlog import read_log
+from octlm.trainer import checkpoint as ckpt
+from tests.e2e.helpers import (
+    DIST_FLAGS,
+    STEPS,
+    assert_same_run,
+    dist_args,
+    end_hash,
+    octlm,
+    optimizer_tensors,
+    steps_of,
+    train_args,
+)
+from tests.e2e.helpers import DIST_STEPS as DSTEPS
+from tests.shared import shared
+
+pytestmark = pytest.mark.slow
+
+MUON = ("--optimizer", "muon")
+QK_NORM = ("--qk-norm",)
+SOFTCAP = ("--logit-softcap", "15")
+Z_LOSS = ("--z-loss", "1e-4")
+RECIPE = (*MUON, *QK_NORM, *SOFTCAP, *Z_LOSS)
+TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
+ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
+
+
+@pytest.fixture(scope="module")
+def stopped(tiny_dataset, tmp_path_factory):
+    """`stopped(k, *extra)`: a run of `train_args` + `extra` stopped at step k, built once per
+    session. Read-only: `resume` a copy."""
+
+    def get(k: int, *extra: str) -> Path:
+        key = f"recipe_stopped_{k}" + "".join(f"_{x.lstrip('-')}" for x in extra)
+
+        def build(folder: Path) -> None:
+            proc = octlm(*train_args(tiny_dataset, folder / "run", "--stop-at", str(k), *extra))
+            assert f"stopped at step {k}" in proc.stderr
+
+        return shared(tmp_path_factory, key, build) / "run"
+
+    return get
+
+
+def resume(data: Path, stopped_run: Path, out: Path, *extra: str) -> Path:
+    """A copy of `stopped_run` at `out`, resumed to the end in a new process."""
+    shutil.copytree(stopped_run, out)
+    proc = octlm(*train_args(data, out, "--resume", *extra))
+    assert "resumed from" in proc.stderr
+    return out
+
+
+def checkpoint(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    path, sha = ckpt.find_checkpoint(run)
+    read, tensors = ckpt.load_checkpoint(path, sha)
+    return read.meta, tensors
+
+
+def step_records(run: Path) -> list[dict]:
+    return [r for r in read_log(run) if r["type"] == "step"]
+
+
+# -- Muon on one process ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [2, 6])  # inside the 3-step warmup, and in the cosine after it
+def test_muon_split_equals_straight(tiny_dataset, straight_run, stopped, tmp_path, k) -> None:
+    """With accumulation: the standard tiny arguments take 2 micro-batches a step."""
+    args = train_args(tiny_dataset, tmp_path)
+    assert args[args.index("--accum") + 1] == "2"
+    run = resume(tiny_dataset, stopped(k, *MUON), tmp_path / "split", *MUON)
+    assert_same_run(run, straight_run(*MUON))
+
+
+def muon_index_names(meta: dict) -> tuple[list[str], list[str]]:
+    """(names in the optimizer's index order, the Muon ones), from the checkpoint's model
+    config and the groups' documented order: Muon's matrices (the blocks' 2-D weights), then
+    AdamW's 2-D tensors (the tied embedding), then AdamW's 1-D norm gains."""
+    named = list(GPT(ModelConfig.from_dict(meta["model_config"])).named_parameters())
+    muon = [n for n, p in named if p.dim() == 2 and n.startswith("layers.")]
+    adam_2d = [n for n, p in named if p.dim() == 2 and n not in muon]
+    adam_1d = [n for n, p in named if p.dim() == 1]
+    assert len(muon) + len(adam_2d) + len(adam_1d) == len(named)
+    groups = meta["optimizer"]["param_groups"]
+    assert [g["kind"] for g in groups] == ["muon", "adamw", "adamw"]
+    sizes = [len(muon), len(adam_2d), len(adam_1d)]
+    starts = [0, sizes[0], sizes[0] + sizes[1]]
+    for group, start, size in zip(groups, starts, sizes, strict=True):
+        assert group["params"] == list(range(start, start + size))
+    return muon + adam_2d + adam_1d, muon
+
+
+def test_muon_checkpoint_holds_momentum_for_the_blocks_matrices_only(stopped) -> None:
+    meta, tensors = checkpoint(stopped(6, *MUON))
+    names, muon = muon_index_names(meta)
+    n_layers = meta["model_config"]["n_layers"]
+    matrices = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
+    assert len(muon) == len(matrices) * n_layers
+    assert all(n.rsplit(".", 2)[-2] in matrices for n in muon)
+    assert names[len(muon)] == "tok_embeddings.weight"
+    optim = ckpt.split_tensors(tensors, "optim.")
+    for i, name in enumerate(names):
+        keys = {k.split(".", 1)[1] for k in optim if k.split(".", 1)[0] == str(i)}
+        weight = tensors[f"model.{name}"]
+        if name in muon:
+            assert keys == {"momentum_buffer"}, name
+            buf = optim[f"{i}.momentum_buffer"]
+            assert buf.shape == weight.shape and buf.abs().sum() > 0, name
+        else:
+            assert keys == ADAMW_KEYS, name
+            assert optim[f"{i}.exp_avg"].shape == weight.shape, name
+            assert float(optim[f"{i}.step"]) == 6, name
+    assert len({k.split(".", 1)[0] for k in optim}) == len(names)
+
+
+def test_control_muon_momentum_wiped_differs(tiny_dataset, straight_run, stopped, tmp_path) -> None:
+    """Only the `momentum_buffer` tensors zeroed in the step-6 checkpoint (AdamW's moments
+    kept): step 7's loss and grad norm still match (the wipe acts on its update), then the
+    run parts from the straight one."""
+    k, out = 6, tmp_path / "control"
+    shutil.copytree(stopped(k, *MUON), out)
+    meta, tensors = checkpoint(out)
+    momentum = {n for n in tensors if n.startswith("optim.") and n.endswith(".momentum_buffer")}
+    wiped = {n: torch.zeros_like(v) if n in momentum else v for n, v in tensors.items()}
+    changed = {n for n in tensors if not torch.equal(tensors[n], wiped[n])}
+    assert momentum and changed == momentum  # every buffer was non-zero, nothing else touched
+    header = {n: v for n, v in meta.items() if n not in ("format", "format_version")}
+    ckpt.save_checkpoint(out, k, header, wiped)
+    octlm(*train_args(tiny_dataset, out, "--resume", *MUON))
+    ref = straight_run(*MUON)
+    assert steps_of(out)[: k + 1] == steps_of(ref)[: k + 1]
+    assert steps_of(out)[k + 1] != steps_of(ref)[k + 1]
+    assert end_hash(out) != end_hash(ref)
+
+
+# -- Muon on 2 processes: DDP ----------------------------------------------------------------
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return ckpt.split_tensors(checkpoint(run)[1], "model.")
+
+
+def max_weight_diff(a: Path, b: Path) -> float:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+
+@pytest.fixture(scope="module")
+def muon_single(straight_run) -> Path:
+    """One process, accumulation 2: the same global batch as 2 ranks x accumulation 1."""
+    return straight_run(*DIST_FLAGS, "--accum", "2", *MUON)
+
+
+@pytest.fixture(scope="module")
+def muon_ddp(straight_run) -> Path:
+    run = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", *MUON)
+    assert '"world": 2' in (run / "log.jsonl").read_text().splitlines()[0]
+    return run
+
+
+def test_muon_ddp_two_ranks_match_one_process_with_accumulation(muon_single, muon_ddp) -> None:
+    # As the AdamW test: same global batch and data; only the order of a 2-term sum differs.
+    assert max_weight_diff(muon_single, muon_ddp) <= TOLERANCE
+    for (s1, l1, _), (s2, l2, _) in zip(steps_of(muon_single), steps_of(muon_ddp), strict=True):
+        assert s1 == s2 and abs(l1 - l2) <= 1e-5
+
+
+@pytest.mark.parametrize("direction", ["2to1", "1to2"])
+def test_muon_resume_across_world_sizes(tiny_dataset, muon_single, tmp_path, direction) -> None:
+    out = tmp_path / direction
+    first, second = (("--nproc", "2"), ()) if direction == "2to1" else ((), ("--nproc", "2"))
+    accum = ("--accum", "1" if first else "2")
+    octlm(*dist_args(tiny_dataset, out, *accum, *first, "--stop-at", "3", *MUON))
+    proc = octlm(*dist_args(tiny_dataset, out, *accum, *second, "--resume", *MUON))
+    assert "to keep the global batch" in proc.stderr
+    assert [s for s, _, _ in steps_of(out)] == list(range(1, DSTEPS + 1))
+    assert max_weight_diff(muon_single, out) <= TOLERANCE
+
+
+# -- Muon on 2 processes: FSDP2 --------------------------------------------------------------
+
+FSDP = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
+
+
+def test_muon_fsdp2_split_equals_straight_and_reshards(
+    tiny_dataset, straight_run, muon_single, tmp_path
+) -> None:
+    split, one = tmp_path / "fsdp-split", tmp_path / "fsdp-to-1"
+    # Validates at step 3 before its checkpoint: FSDP2's root parameters are unsharded then.
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--stop-at", "3", *MUON))
+    shutil.copytree(split, one)
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--resume", *MUON))
+    fsdp_straight = straight_run(*DIST_FLAGS, *FSDP, *MUON)
+    assert end_hash(split) == end_hash(fsdp_straight)
+    assert steps_of(split) == steps_of(fsdp_straight)
+    a, b = optimizer_tensors(split), optimizer_tensors(fsdp_straight)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    # Sharded on 2 ranks, checkpointed whole, resumed (resharded) by one process.
+    octlm(*dist_args(tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume", *MUON))
+    assert max_weight_diff(fsdp_straight, one) <= TOLERANCE
+    assert max_weight_diff(muon_single, fsdp_straight) <= TOLERANCE
+
+
+# -- qk-norm, logit soft-cap, z-loss: each alone, then all with Muon --------------------------
+
+OPTIONS = {"qk-norm": QK_NORM, "softcap": SOFTCAP, "z-loss": Z_LOSS}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_option_split_equals_straight(
+    tiny_dataset, straight_run, stopped, tmp_path, option
+) -> None:
+    flags = OPTIONS[option]
+    run = resume(tiny_dataset, stopped(3, *flags), tmp_path / "split", *flags)
+    ref = straight_run(*flags)
+    assert_same_run(run, ref)
+    if option == "z-loss":  # the logged term too, step by step
+        assert [r["z_loss"] for r in step_records(run)] == [r["z_loss"] for r in step_records(ref)]
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_control_option_changes_the_run(straight_run, option) -> None:
+    """Each option acts: against the same run without it, the end weights differ. qk-norm and
+    the soft-cap change the forward, so the first step's loss already differs; the z-loss
+    changes only the gradient, so step 1's loss is the same and step 2's is not."""
+    flags, plain = OPTIONS[option], straight_run()
+    run = straight_run(*flags)
+    assert end_hash(run) != end_hash(plain)
+    first, second = steps_of(run)[:2], steps_of(plain)[:2]
+    if option == "z-loss":
+        assert first[0][1] == second[0][1] and first[1][1] != second[1][1]
+    else:
+        assert first[0][1] != second[0][1]
+
+
+def test_qk_norm_gains_are_checkpointed_and_trained(straight_run) -> None:
+    model = weights(straight_run(*QK_NORM))
+    n_layers = checkpoint(straight_run(*QK_NORM))[0]["model_config"]["n_layers"]
+    gains = [f"layers.{i}.attention.{q}_norm.weight" for i in range(n_layers) for q in "qk"]
+    assert all(not torch.equal(model[g], torch.ones_like(model[g])) for g in gains)
+    assert not any(n.endswith(("q_norm.weight", "k_norm.weight")) for n in weights(straight_run()))
+
+
+def test_z_loss_is_logged_at_every_step_and_only_with_it(straight_run) -> None:
+    records = step_records(straight_run(*Z_LOSS))
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert all(math.isfinite(r["z_loss"]) and r["z_loss"] > 0 for r in records)
+    assert all(r["z_loss"] < r["loss"] for r in records)  # 1e-4 x log(Z)^2: a small term
+    assert not any("z_loss" in r for r in step_records(straight_run()))
+
+
+def test_recipe_split_equals_straight(tiny_dataset, straight_run, stopped, tmp_path) -> None:
+    """Muon, qk-norm, soft-cap and z-loss together."""
+    run = resume(tiny_dataset, stopped(4, *RECIPE), tmp_path / "split", *RECIPE)
+    ref = straight_run(*RECIPE)
+    assert_same_run(run, ref)
+    assert [r["z_loss"] for r in step_records(run)] == [r["z_loss"] for r in step_records(ref)]
