@@ -89,7 +89,9 @@ removed once scored unless `--keep-runs`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import math
 import os
@@ -390,6 +392,49 @@ def write_meta(folder: Path, meta: dict) -> None:
 # -- running the trainers ------------------------------------------------------------------------
 
 
+def octlm_train_args(
+    shape: Shape, data: Path, steps: int, warmup: int, out: Path, flags: Sequence[str]
+) -> list[str]:
+    """`octlm train` at the bench's shape (what follows `octlm` on its command line); a
+    variant's `flags` last, so that they override the bench's own."""
+    opts = {
+        "--model": "small",
+        "--n-layers": shape.layers,
+        "--d-model": shape.width,
+        "--n-heads": shape.heads,
+        "--context": shape.context,
+        "--micro-batch": shape.batch,
+        "--accum": 1,
+        "--dtype": "fp32",
+        "--dropout": 0,
+        "--data": data,
+        "--steps": steps,
+        "--warmup": warmup,
+        "--val-every": 0,
+        "--val-batches": 1,
+        "--ckpt-every": 0,
+        "--out": out,
+    }
+    args = ["train", *(x for k, v in opts.items() for x in (k, str(v)))]
+    return [*args, "--no-compile", "--no-progress", "--no-resume", *flags]
+
+
+def check_variants(variants: dict[str, list[str]]) -> None:
+    """Each variant's flags through `octlm train`'s own parser, before anything runs: a flag
+    this octlm lacks ends the bench now rather than rounds later."""
+    from octlm.cli import build_parser
+
+    for name, flags in variants.items():
+        argv = octlm_train_args(Shape(), Path("data"), 100, 5, Path("run"), flags)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                build_parser().parse_args(argv)
+        except SystemExit:
+            lines = err.getvalue().strip().splitlines() or ["its flags do not parse"]
+            raise BenchError(f"octlm variant {name!r}: {lines[-1]}") from None
+
+
 def run_logged(what: str, cmd: list[str], cwd: Path, env: dict) -> tuple[str, float]:
     """Run `cmd`; its output and wall seconds. A failure raises BenchError naming `what` and
     the output's last line (the whole output is kept in `cwd/failed.log`)."""
@@ -429,35 +474,12 @@ class Bench:
     checkout: Path | None
     shape: Shape = field(default_factory=Shape)
 
-    def octlm_cmd(self, steps: int, warmup: int, out: Path, flags: list[str]) -> list[str]:
-        s = self.shape
-        opts = {
-            "--model": "small",
-            "--n-layers": s.layers,
-            "--d-model": s.width,
-            "--n-heads": s.heads,
-            "--context": s.context,
-            "--micro-batch": s.batch,
-            "--accum": 1,
-            "--dtype": "fp32",
-            "--dropout": 0,
-            "--data": self.data.octlm,
-            "--steps": steps,
-            "--warmup": warmup,
-            "--val-every": 0,
-            "--val-batches": 1,
-            "--ckpt-every": 0,
-            "--out": out,
-        }
-        cmd = [sys.executable, "-m", "octlm", "train"]
-        cmd += [x for k, v in opts.items() for x in (k, str(v))]
-        return [*cmd, "--no-compile", "--no-progress", "--no-resume", *flags]
-
     def octlm_run(self, side: Side, steps: int, warmup: int, out: Path) -> tuple[list, float]:
         """Train; the log's step records and the process's wall seconds."""
         if out.exists():
             shutil.rmtree(out)
-        cmd = self.octlm_cmd(steps, warmup, out, side.flags or [])
+        args = octlm_train_args(self.shape, self.data.octlm, steps, warmup, out, side.flags or [])
+        cmd = [sys.executable, "-m", "octlm", *args]
         _, wall = run_logged(f"octlm variant {side.name!r}", cmd, self.work, self.env)
         records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
         return [r for r in records if r["type"] == "step"], wall
@@ -634,6 +656,7 @@ def print_summary(result: dict) -> None:
 
 def run_bench(args: argparse.Namespace, work: Path) -> dict:
     variants = parse_variants(args.octlm)
+    check_variants(variants)
     checkout = None
     if args.nanogpt is not None:
         checkout = args.nanogpt.resolve()

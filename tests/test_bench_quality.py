@@ -12,6 +12,7 @@ from bench.quality import (
     BenchError,
     bits_per_byte,
     char_ids,
+    check_variants,
     parse_variants,
     prepare_train_docs,
     probe_estimate,
@@ -90,6 +91,9 @@ def test_variant_parsing():
     for bad in (["muon"], ["=--qk-norm"], ["nanoGPT-bpe="], ["a=", "a=--qk-norm"], ["a=--x 'b"]):
         with pytest.raises(BenchError):
             parse_variants(bad)
+    check_variants({"adamw": [], "later": ["--warmup", "7", "--seed", "2"]})
+    with pytest.raises(BenchError, match="'bad'.*--no-such-flag"):
+        check_variants({"bad": ["--no-such-flag"]})  # octlm's own parser, before any run
 
 
 def test_truncated_heldout_and_char_ids():
