@@ -98,6 +98,7 @@ import os
 import pickle
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -129,6 +130,8 @@ PROBE_STEPS = 15
 PROBE_DROP = 3
 """A probe's first steps, left out of its median (first-call set-up, nanoGPT's first evaluation)."""
 OCTLM_WARMUP_SHARE = 0.05
+PROBE_RUN_STEPS = 100_000
+"""octlm's probe: a run of this many steps stopped at --probe-steps (`--stop-at`)."""
 NANOGPT_RECIPE = {  # nanoGPT's config/train_shakespeare_char.py
     "learning_rate": 1e-3,
     "min_lr": 1e-4,
@@ -393,7 +396,13 @@ def write_meta(folder: Path, meta: dict) -> None:
 
 
 def octlm_train_args(
-    shape: Shape, data: Path, steps: int, warmup: int, out: Path, flags: Sequence[str]
+    shape: Shape,
+    data: Path,
+    steps: int,
+    warmup: int,
+    out: Path,
+    flags: Sequence[str],
+    stop_at: int | None = None,
 ) -> list[str]:
     """`octlm train` at the bench's shape (what follows `octlm` on its command line); a
     variant's `flags` last, so that they override the bench's own."""
@@ -415,24 +424,29 @@ def octlm_train_args(
         "--ckpt-every": 0,
         "--out": out,
     }
+    if stop_at is not None:
+        opts["--stop-at"] = stop_at
     args = ["train", *(x for k, v in opts.items() for x in (k, str(v)))]
     return [*args, "--no-compile", "--no-progress", "--no-resume", *flags]
 
 
-def check_variants(variants: dict[str, list[str]]) -> None:
-    """Each variant's flags through `octlm train`'s own parser, before anything runs: a flag
-    this octlm lacks ends the bench now rather than rounds later."""
-    from octlm.cli import build_parser
+def check_variants(variants: dict[str, list[str]], data: Path, work: Path) -> None:
+    """Each variant's command through `octlm train --print-config` (its parser and its
+    config checks, nothing built), in this process, before anything runs: a flag this octlm
+    lacks or a value it refuses ends the bench now rather than rounds later."""
+    from octlm.cli import main as octlm_main
 
     for name, flags in variants.items():
-        argv = octlm_train_args(Shape(), Path("data"), 100, 5, Path("run"), flags)
-        err = io.StringIO()
+        argv = octlm_train_args(Shape(), data, 1000, 50, work / "check", flags)
+        out, err = io.StringIO(), io.StringIO()
         try:
-            with contextlib.redirect_stderr(err):
-                build_parser().parse_args(argv)
-        except SystemExit:
-            lines = err.getvalue().strip().splitlines() or ["its flags do not parse"]
-            raise BenchError(f"octlm variant {name!r}: {lines[-1]}") from None
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = octlm_main([*argv, "--print-config"])
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code
+        if code:
+            lines = err.getvalue().strip().splitlines() or [f"exit {code}"]
+            raise BenchError(f"octlm variant {name!r}: {lines[-1]}")
 
 
 def run_logged(what: str, cmd: list[str], cwd: Path, env: dict) -> tuple[str, float]:
@@ -474,11 +488,14 @@ class Bench:
     checkout: Path | None
     shape: Shape = field(default_factory=Shape)
 
-    def octlm_run(self, side: Side, steps: int, warmup: int, out: Path) -> tuple[list, float]:
+    def octlm_run(
+        self, side: Side, steps: int, warmup: int, out: Path, stop_at: int | None = None
+    ) -> tuple[list, float]:
         """Train; the log's step records and the process's wall seconds."""
         if out.exists():
             shutil.rmtree(out)
-        args = octlm_train_args(self.shape, self.data.octlm, steps, warmup, out, side.flags or [])
+        flags = side.flags or []
+        args = octlm_train_args(self.shape, self.data.octlm, steps, warmup, out, flags, stop_at)
         cmd = [sys.executable, "-m", "octlm", *args]
         _, wall = run_logged(f"octlm variant {side.name!r}", cmd, self.work, self.env)
         records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -528,7 +545,11 @@ class Bench:
 
     def probe(self, side: Side, out: Path) -> tuple[float, float]:
         if side.is_octlm:
-            records, _ = self.octlm_run(side, self.args.probe_steps, 1, out)
+            # A long run stopped early: the variant's own flags (a --warmup of its own, say)
+            # fit it as they fit the real one.
+            steps = PROBE_RUN_STEPS
+            warmup = round(OCTLM_WARMUP_SHARE * steps)
+            records, _ = self.octlm_run(side, steps, warmup, out, self.args.probe_steps)
             elapsed = [0.0] + [r["elapsed"] for r in records]
             times = [1e3 * (b - a) for a, b in zip(elapsed, elapsed[1:], strict=False)]
         else:
@@ -656,7 +677,6 @@ def print_summary(result: dict) -> None:
 
 def run_bench(args: argparse.Namespace, work: Path) -> dict:
     variants = parse_variants(args.octlm)
-    check_variants(variants)
     checkout = None
     if args.nanogpt is not None:
         checkout = args.nanogpt.resolve()
@@ -673,6 +693,7 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
     }
     torch.set_num_threads(args.threads)
     data = prepare_data(work, modes, checkout is not None, env, args.threads, args.score_bytes)
+    check_variants(variants, data.octlm, work)
     if checkout is not None:
         # train.py reads configurator.py from its working directory: the checkout's.
         link = work / "configurator.py"
@@ -787,6 +808,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"bench: --probe-steps must be more than {PROBE_DROP}")
     if args.score_bytes is not None and args.score_bytes < 2:
         sys.exit("bench: --score-bytes must be at least 2")
+    # A SIGTERM (`timeout`, a job scheduler) unwinds like Ctrl-C: the running trainer is killed
+    # with the bench rather than left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench: terminated"))
     if args.work is not None:
         args.work.mkdir(parents=True, exist_ok=True)
         work = args.work.resolve()

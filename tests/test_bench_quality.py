@@ -91,9 +91,14 @@ def test_variant_parsing():
     for bad in (["muon"], ["=--qk-norm"], ["nanoGPT-bpe="], ["a=", "a=--qk-norm"], ["a=--x 'b"]):
         with pytest.raises(BenchError):
             parse_variants(bad)
-    check_variants({"adamw": [], "later": ["--warmup", "7", "--seed", "2"]})
+
+
+def test_variants_are_checked_by_octlm_before_any_run(tmp_path):
+    check_variants({"adamw": [], "later": ["--warmup", "7", "--seed", "2"]}, tmp_path, tmp_path)
     with pytest.raises(BenchError, match="'bad'.*--no-such-flag"):
-        check_variants({"bad": ["--no-such-flag"]})  # octlm's own parser, before any run
+        check_variants({"bad": ["--no-such-flag"]}, tmp_path, tmp_path)
+    with pytest.raises(BenchError, match="'long'.*warmup"):
+        check_variants({"long": ["--warmup", "5000"]}, tmp_path, tmp_path)  # 1000 steps
 
 
 def test_truncated_heldout_and_char_ids():
