@@ -45,9 +45,10 @@ schedule otherwise at its defaults (lr 1.5e-3, cosine to 0.1 of the peak); W is 
 share its default run has (20 warmup steps of 440), so the schedule keeps its shape at any
 budget. nanoGPT runs its `train.py` with its own small-model recipe (config/
 train_shakespeare_char.py: lr 1e-3, min_lr 1e-4, beta2 0.99, weight_decay 0.1, warmup 100),
-passed as overrides so that the shape stays ours; its warmup is capped at a fifth of its
-steps, which changes nothing at the default budget (500 steps and more) and keeps a tiny
-check run from spending all of it warming up. `max_iters = lr_decay_iters = eval_interval = N`
+passed as overrides so that the shape stays ours. Its warmup is 100 iterations, but never a
+larger share of the run than octlm's 5%: at 1-2 s a step on 2 cores the default budget is a
+few hundred steps, of which 100 would be most, and the comparison would measure the warmup
+(from 2000 steps on, the recipe's 100 stands). `max_iters = lr_decay_iters = eval_interval = N`
 and `always_save_checkpoint=True`: it evaluates (eval_iters 1) and saves `ckpt.pt` at iteration
 N, holding the weights after N steps (it then trains one more step, which is not kept and not
 counted).
@@ -223,6 +224,18 @@ def size_steps(budget_s: float, step_ms: float, extra_s: float = 0.0) -> int:
     """The steps whose training ends at `budget_s`: `extra_s` (the first steps' set-up) plus
     steps x `step_ms`; at least 1."""
     return max(1, int((budget_s - extra_s) * 1e3 / step_ms))
+
+
+def octlm_warmup(steps: int) -> int:
+    """octlm's warmup: the share of the run its default has (20 steps of 440), at least 1."""
+    return max(1, round(OCTLM_WARMUP_SHARE * steps))
+
+
+def nanogpt_warmup(steps: int) -> int:
+    """nanoGPT's recipe's 100 warmup iterations, but no larger a share of the run than octlm's
+    warmup has: on a short run (under 2000 steps) 100 would be most of it. Always below
+    `steps` (its cosine divides by lr_decay_iters - warmup_iters)."""
+    return min(NANOGPT_WARMUP, round(OCTLM_WARMUP_SHARE * steps))
 
 
 def windows(n_tokens: int, context: int) -> list[tuple[int, int]]:
@@ -490,8 +503,9 @@ class Bench:
 
     def octlm_run(
         self, side: Side, steps: int, warmup: int, out: Path, stop_at: int | None = None
-    ) -> tuple[list, float]:
-        """Train; the log's step records and the process's wall seconds."""
+    ) -> tuple[list, float, dict]:
+        """Train; the log's step records, the process's wall seconds and the run's config (as
+        its log's header has it: a variant's flags applied)."""
         if out.exists():
             shutil.rmtree(out)
         flags = side.flags or []
@@ -499,7 +513,8 @@ class Bench:
         cmd = [sys.executable, "-m", "octlm", *args]
         _, wall = run_logged(f"octlm variant {side.name!r}", cmd, self.work, self.env)
         records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        return [r for r in records if r["type"] == "step"], wall
+        header = next(r for r in records if r["type"] == "header")
+        return [r for r in records if r["type"] == "step"], wall, header["config"]
 
     def nanogpt_cmd(self, dataset: str, out: Path, steps: int, final: bool) -> list[str]:
         s = self.shape
@@ -519,8 +534,7 @@ class Bench:
             "--dropout=0.0",
             "--bias=False",
             *(f"--{k}={v}" for k, v in NANOGPT_RECIPE.items()),
-            # below `steps`: its cosine divides by lr_decay_iters - warmup_iters
-            f"--warmup_iters={min(NANOGPT_WARMUP, steps // 5)}",
+            f"--warmup_iters={nanogpt_warmup(steps)}",
             f"--max_iters={steps}",
             f"--lr_decay_iters={steps}",
             "--eval_iters=1",
@@ -548,8 +562,9 @@ class Bench:
             # A long run stopped early: the variant's own flags (a --warmup of its own, say)
             # fit it as they fit the real one.
             steps = PROBE_RUN_STEPS
-            warmup = round(OCTLM_WARMUP_SHARE * steps)
-            records, _ = self.octlm_run(side, steps, warmup, out, self.args.probe_steps)
+            records, _, _ = self.octlm_run(
+                side, steps, octlm_warmup(steps), out, self.args.probe_steps
+            )
             elapsed = [0.0] + [r["elapsed"] for r in records]
             times = [1e3 * (b - a) for a, b in zip(elapsed, elapsed[1:], strict=False)]
         else:
@@ -566,8 +581,8 @@ class Bench:
         probe_ms, extra_s = self.probe(side, out)
         steps = size_steps(self.args.budget, probe_ms, extra_s)
         if side.is_octlm:
-            warmup = max(1, round(OCTLM_WARMUP_SHARE * steps))
-            records, wall = self.octlm_run(side, steps, warmup, out)
+            records, wall, config = self.octlm_run(side, steps, octlm_warmup(steps), out)
+            warmup = config["warmup"]  # the bench's, or a variant's own
             if not records or records[-1]["step"] != steps:
                 raise BenchError(f"{side.name}: the run did not reach step {steps}")
             train_s = records[-1]["elapsed"]
@@ -579,6 +594,7 @@ class Bench:
             def logits_of(x, y):
                 return model(x)
         else:
+            warmup = nanogpt_warmup(steps)
             times, wall = self.nanogpt_run(side, steps, out, final=True)
             if len(times) < steps:
                 raise BenchError(f"{side.name}: the run logged {len(times)} of {steps} steps")
@@ -597,6 +613,7 @@ class Bench:
         return {
             "round": r,
             "steps": steps,
+            "warmup": warmup,
             "probe_ms_per_step": probe_ms,
             "probe_extra_s": extra_s,
             "train_s": train_s,
@@ -733,8 +750,8 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
             x = bench.round(side, r + 1)
             side.rounds.append(x)
             print(
-                f"round {r + 1}: {side.name}: {x['steps']} steps "
-                f"(probe {x['probe_ms_per_step']:.1f} ms/step), trained {x['train_s']:.1f} s "
+                f"round {r + 1}: {side.name}: {x['steps']} steps (warmup {x['warmup']}, "
+                f"probe {x['probe_ms_per_step']:.1f} ms/step), trained {x['train_s']:.1f} s "
                 f"({x['ms_per_step']:.1f} ms/step), "
                 f"held-out {x['bpb']:.4f} bpb",
                 flush=True,
@@ -751,7 +768,7 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
             "nanogpt": str(checkout) if checkout else None,
             "variants": variants,
             "octlm_warmup_share": OCTLM_WARMUP_SHARE,
-            "nanogpt_recipe": {**NANOGPT_RECIPE, "warmup_iters": NANOGPT_WARMUP},
+            "nanogpt_recipe": {**NANOGPT_RECIPE, "warmup_iters": f"min({NANOGPT_WARMUP}, 5%)"},
             "probe_steps": args.probe_steps,
             "score_bytes": args.score_bytes,
             "probe_drop": PROBE_DROP,

@@ -13,6 +13,8 @@ from bench.quality import (
     bits_per_byte,
     char_ids,
     check_variants,
+    nanogpt_warmup,
+    octlm_warmup,
     parse_variants,
     prepare_train_docs,
     probe_estimate,
@@ -78,6 +80,12 @@ def test_step_sizing_from_a_probe():
     assert probe_estimate([10.0, 10.0, 10.0, 20.0])[1] == 0.0  # a fast start adds nothing
     with pytest.raises(BenchError):
         probe_estimate([1.0, 2.0, 3.0])
+
+
+def test_warmups_scale_with_the_run():
+    assert [octlm_warmup(n) for n in (1, 10, 120, 440, 5000)] == [1, 1, 6, 22, 250]
+    assert [nanogpt_warmup(n) for n in (1, 10, 120, 2000, 5000)] == [0, 0, 6, 100, 100]
+    assert all(nanogpt_warmup(n) < n for n in range(1, 3000))  # its cosine needs it below
 
 
 def test_variant_parsing():
