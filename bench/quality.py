@@ -78,7 +78,8 @@ characters, on 2 cores); `--score-bytes N` scores only the first N bytes of the 
 Rounds (`--rounds`, 3) run every side once, the order rotated a place each round. Printed: per
 round each side's steps, training seconds and held-out bpb; then per side the median bpb, its
 min-max over rounds, steps and ms/step; each octlm variant's median bpb over nanoGPT's (bpe and,
-with char, char) and the median of the per-round paired ratios. `--json FILE` writes every
+with char, char), and each later variant's over the first variant's, with the median of the
+per-round paired ratios. `--json FILE` writes every
 number. A failed subprocess ends the bench with a one-line message and a non-zero exit.
 
 Everything is written under `--work` (default: a temporary folder, removed at the end unless
@@ -657,12 +658,11 @@ def summary(sides: Sequence[Side]) -> dict:
             "median_train_s": statistics.median(x["train_s"] for x in rs),
         }
     ratios = {}
-    for side in sides:
-        if not side.is_octlm:
-            continue
-        for ref in sides:
-            if ref.is_octlm:
-                continue
+    octlm_sides = [side for side in sides if side.is_octlm]
+    for i, side in enumerate(octlm_sides):
+        # nanoGPT's sides; for the later variants of an ablation, also the first variant
+        refs = [ref for ref in sides if not ref.is_octlm] + octlm_sides[: min(i, 1)]
+        for ref in refs:
             paired = [a["bpb"] / b["bpb"] for a, b in zip(side.rounds, ref.rounds, strict=True)]
             ratios[f"{side.name} / {ref.name}"] = {
                 "ratio_of_medians": per_side[side.name]["median_bpb"]

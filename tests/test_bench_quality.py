@@ -10,6 +10,7 @@ import torch
 
 from bench.quality import (
     BenchError,
+    Side,
     bits_per_byte,
     char_ids,
     check_variants,
@@ -21,6 +22,7 @@ from bench.quality import (
     size_steps,
     split_heldout,
     stream_nats,
+    summary,
     truncate_docs,
     windows,
 )
@@ -116,3 +118,23 @@ def test_truncated_heldout_and_char_ids():
     assert [d.text for d in truncate_docs(docs, 6)] == ["abc", "dé"]
     ids, unseen = char_ids("abca?", {"a": 0, "b": 1, "c": 2})
     assert ids.tolist() == [0, 1, 2, 0, 0] and unseen == 1
+
+
+def test_summary_pairs_rounds():
+    def side(name, bpbs, flags=None, mode="bpe"):
+        rounds = [{"bpb": b, "steps": 10, "ms_per_step": 1.0, "train_s": 0.01} for b in bpbs]
+        return Side(name, mode, flags, rounds)
+
+    sides = [
+        side("adamw", [1.0, 1.2, 1.1], []),
+        side("muon", [0.9, 1.2, 1.0], ["--optimizer", "muon"]),
+        side("nanoGPT-bpe", [2.0, 2.0, 2.2]),
+    ]
+    result = summary(sides)
+    assert result["sides"]["adamw"]["median_bpb"] == 1.1
+    assert result["sides"]["muon"]["min_bpb"] == 0.9
+    assert set(result["ratios"]) == {"adamw / nanoGPT-bpe", "muon / nanoGPT-bpe", "muon / adamw"}
+    r = result["ratios"]["muon / adamw"]
+    assert r["ratio_of_medians"] == pytest.approx(1.0 / 1.1)
+    assert r["paired"] == pytest.approx([0.9, 1.0, 1.0 / 1.1])
+    assert r["paired_median"] == pytest.approx(1.0 / 1.1)
