@@ -236,8 +236,8 @@ def octlm_warmup(steps: int) -> int:
 
 def nanogpt_warmup(steps: int) -> int:
     """nanoGPT's recipe's 100 warmup iterations, but no larger a share of the run than octlm's
-    warmup has: on a short run (under 2000 steps) 100 would be most of it. Always below
-    `steps` (its cosine divides by lr_decay_iters - warmup_iters)."""
+    warmup has (the cap binds under 2000 steps; at a few hundred, 100 would be most of the run).
+    Always below `steps`: its cosine divides by lr_decay_iters - warmup_iters."""
     return min(NANOGPT_WARMUP, round(OCTLM_WARMUP_SHARE * steps))
 
 
