@@ -136,6 +136,8 @@ PROBE_DROP = 3
 OCTLM_WARMUP_SHARE = 0.05
 PROBE_RUN_STEPS = 100_000
 """octlm's probe: a run of this many steps stopped at --probe-steps (`--stop-at`)."""
+SEED = 1337
+"""octlm's default seed; with --vary-seed round r trains with SEED + r."""
 NANOGPT_RECIPE = {  # nanoGPT's config/train_shakespeare_char.py
     "learning_rate": 1e-3,
     "min_lr": 1e-4,
@@ -505,13 +507,19 @@ class Bench:
     shape: Shape = field(default_factory=Shape)
 
     def octlm_run(
-        self, side: Side, steps: int, warmup: int, out: Path, stop_at: int | None = None
+        self,
+        side: Side,
+        steps: int,
+        warmup: int,
+        out: Path,
+        stop_at: int | None = None,
+        seed: int | None = None,
     ) -> tuple[list, float, dict]:
         """Train; the log's step records, the process's wall seconds and the run's config (as
-        its log's header has it: a variant's flags applied)."""
+        its log's header has it: a variant's flags applied, after `seed` if one is given)."""
         if out.exists():
             shutil.rmtree(out)
-        flags = side.flags or []
+        flags = ([] if seed is None else ["--seed", str(seed)]) + (side.flags or [])
         args = octlm_train_args(self.shape, self.data.octlm, steps, warmup, out, flags, stop_at)
         cmd = [sys.executable, "-m", "octlm", *args]
         _, wall = run_logged(f"octlm variant {side.name!r}", cmd, self.work, self.env)
@@ -584,7 +592,8 @@ class Bench:
         probe_ms, extra_s = self.probe(side, out)
         steps = size_steps(self.args.budget, probe_ms, extra_s)
         if side.is_octlm:
-            records, wall, config = self.octlm_run(side, steps, octlm_warmup(steps), out)
+            seed = SEED + r if self.args.vary_seed else None
+            records, wall, config = self.octlm_run(side, steps, octlm_warmup(steps), out, seed=seed)
             warmup = config["warmup"]  # the bench's, or a variant's own
             if not records or records[-1]["step"] != steps:
                 raise BenchError(f"{side.name}: the run did not reach step {steps}")
@@ -816,6 +825,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--score-bytes",
         type=int,
         help="score only the first N bytes of the held-out text, for quick checks (default: all)",
+    )
+    ap.add_argument(
+        "--vary-seed",
+        action="store_true",
+        help="octlm's seed (init and data order) is 1337 + the round, so the spread over rounds "
+        "includes the seed's; nanoGPT's is fixed in its train.py",
     )
     ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
     ap.add_argument("--keep-runs", action="store_true", help="keep run folders and checkpoints")
