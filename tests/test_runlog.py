@@ -198,7 +198,7 @@ def test_a_schema_1_log_reads_in_todays_numbering_and_stays_schema_1(tmp_path: P
 
 
 class Numbers:
-    loss, lr, grad_norm, dt, skipped, epoch = 1.0, 1e-3, 0.5, 0.1, False, None
+    loss, lr, grad_norm, dt, skipped, epoch, z_loss = 1.0, 1e-3, 0.5, 0.1, False, None, None
 
 
 class Counts:

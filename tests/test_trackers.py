@@ -42,6 +42,7 @@ def write_steps(log: RunLog, steps: range, salt: float) -> None:
             dt=0.01,
             skipped=False,
             epoch=None,
+            z_loss=None,
         )
         state = SimpleNamespace(tokens=64 * (s + 1), elapsed=0.01 * s, skipped_steps=0)
         log.step(s, numbers, state, Meter())

@@ -102,14 +102,14 @@ def _poison_step(monkeypatch, where: str) -> None:
     calls = {"n": 0}
 
     def poisoned(setup, *args):
-        loss = real(setup, *args)
+        loss, z_term = real(setup, *args)  # z_term: the z-loss's, None without one
         calls["n"] += 1  # one call per optimizer step, in this fresh process
         if calls["n"] == BAD_STEP:
             if where == "loss":
-                return loss * float("nan")
+                return loss * float("nan"), z_term
             param = next(p for p in setup.forward.parameters() if p.grad is not None)
             param.grad.view(-1)[0] = float("nan")  # the loss stays finite, the norm does not
-        return loss
+        return loss, z_term
 
     monkeypatch.setattr(step_module, "_backward", poisoned)
 
