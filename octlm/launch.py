@@ -171,7 +171,7 @@ def _run_agent(
     try:
         run(args)
     except ChildFailedError as exc:
-        return _failed(exc, spec)
+        return failure_exit_code(exc, spec)
     except SignalException as exc:  # the workers were passed the signal and have stopped
         code = _stopped_code(out, requeue_exit_code)
         return code if code is not None else 128 + int(exc.sigval)
@@ -189,12 +189,19 @@ def _run_agent(
     return code if code is not None else 0
 
 
-def _failed(exc, spec: Launch) -> int:
+def failure_exit_code(exc, spec: Launch) -> int:
     """The exit code of a failed group; one line when no worker said why (killed). The first
     failure is the cause: the agent then stops the other workers with SIGTERM."""
-    # Earliest first (timestamps are whole seconds: on a tie, an exit over a kill).
+    # Earliest first. Timestamps are whole seconds: on a tie, an exit over a kill, and a kill by
+    # anything else over the SIGTERM the agent sends the rest once one worker has failed.
     rank, failure = min(
-        exc.failures.items(), key=lambda kv: (kv[1].timestamp, kv[1].exitcode < 0, kv[0])
+        exc.failures.items(),
+        key=lambda kv: (
+            kv[1].timestamp,
+            kv[1].exitcode < 0,
+            kv[1].exitcode == -signal.SIGTERM,
+            kv[0],
+        ),
     )
     code = failure.exitcode
     if code < 0:  # killed by a signal: it could not say anything itself

@@ -13,7 +13,14 @@ import pytest
 
 from octlm.cli import main
 from octlm.errors import OctlmError
-from octlm.launch import AGENT_SIGNALS, NOTES_ENV, Launch, stopped_by_scheduler, worker_argv
+from octlm.launch import (
+    AGENT_SIGNALS,
+    NOTES_ENV,
+    Launch,
+    failure_exit_code,
+    stopped_by_scheduler,
+    worker_argv,
+)
 from octlm.trainer.distributed import DistInfo, peer_failure
 from octlm.trainer.guards import REPEAT_WINDOW, StopFlag
 
@@ -62,6 +69,40 @@ def test_the_cli_refuses_a_bad_launch_in_one_line(tmp_path) -> None:
         "same on every node, HOST node 0's address)"
     ]
     assert not (tmp_path / "r").exists()
+
+
+def test_the_first_failure_named_is_not_the_agents_own_sigterm(tmp_path, capsys) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    # Within one second, rank 1 aborted and the agent then stopped rank 0 with SIGTERM.
+    missing = str(tmp_path / "no-error-file")
+    term = ProcessFailure(local_rank=0, pid=10, exitcode=-signal.SIGTERM, error_file=missing)
+    abort = ProcessFailure(local_rank=1, pid=11, exitcode=-signal.SIGABRT, error_file=missing)
+    term.timestamp = abort.timestamp = 1_000
+    exc = ChildFailedError("octlm", {0: term, 1: abort})
+    assert failure_exit_code(exc, Launch(nproc=2)) == 128 + signal.SIGABRT
+    assert "rank 1 (pid 11) was killed by SIGABRT" in capsys.readouterr().err
+    term.timestamp = 999  # a SIGTERM that came first is the cause (a scheduler's, say)
+    assert failure_exit_code(exc, Launch(nproc=2)) == 128 + signal.SIGTERM
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, code", [("playground", 0), ("hash", 1)])
+def test_a_torchrun_worker_exits_with_the_commands_code(tmp_path, command, code) -> None:
+    # A worker skips the interpreter's finalisation (octlm/__main__.py): its code, its output
+    # and its files are those of a normal exit.
+    args = ["-o", str(tmp_path / "p.html")] if command == "playground" else [str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "octlm", command, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WORLD_SIZE": "2"},
+    )
+    assert proc.returncode == code, proc.stderr
+    if code:
+        assert proc.stderr.startswith("octlm: error:") and proc.stderr.count("\n") == 1
+    else:
+        assert (tmp_path / "p.html").stat().st_size > 0
 
 
 def test_a_scheduler_stop_is_read_from_the_log(tmp_path) -> None:
