@@ -11,13 +11,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from octlm.hashing import file_sha256
+from tests import octlm_process
 
 # Every test here reads the results of real `python -m octlm` subprocesses.
 pytestmark = pytest.mark.slow
@@ -26,14 +26,7 @@ DOC = "Now is the winter of our discontent made glorious summer by this sun of Y
 
 
 def octlm(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "octlm", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return octlm_process.run([*map(str, args)], dict(os.environ), cwd=cwd, timeout=300)
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess[str], expected: str) -> None:

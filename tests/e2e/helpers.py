@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ import torch
 from octlm.config_files import make_config
 from octlm.runlog import read_log
 from octlm.trainer import checkpoint as ckpt
+from tests import octlm_process
 
 STEPS = 8
 QUICK_CONTEXT = 32
@@ -27,10 +27,10 @@ QUICK_RUN += ("--ckpt-every", "0", "--no-async-checkpoint", "--no-progress")
 
 
 def octlm(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """`python -m octlm ARGS` in a new process (tests/octlm_process.py); `kw`: cwd, timeout,
+    input, as subprocess.run takes them."""
     env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}  # never prepare implicitly
-    proc = subprocess.run(
-        [sys.executable, "-m", "octlm", *args], capture_output=True, text=True, env=env, **kw
-    )
+    proc = octlm_process.run(list(args), env, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"octlm {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return proc

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from octlm.errors import DataError
 from octlm.prepare.pairs import PairsConfig, prepare_pairs
 from octlm.prepare.split import SplitRule
 from octlm.tokenizer.core import Tokenizer
+from tests import octlm_process
 
 TOKENIZER = Path(__file__).parents[1] / "golden" / "v1-micro" / "data" / "tokenizer.json"
 PAIRS = [
@@ -183,10 +184,7 @@ def test_refusals_of_the_rule_and_the_fields(tmp_path) -> None:
 
 
 def octlm(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "octlm", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    return octlm_process.run([*map(str, args)], dict(os.environ), cwd=cwd, timeout=300)
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,20 +27,14 @@ from octlm.tools.analyze import (
     unigram_entropy,
     unigram_for_data,
 )
+from tests import octlm_process
 
 CONTEXT = 32
 
 
 def octlm(*args: str | Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}
-    return subprocess.run(
-        [sys.executable, "-m", "octlm", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    return octlm_process.run([*map(str, args)], env, timeout=300)
 
 
 # -- unigram ----------------------------------------------------------------------------------

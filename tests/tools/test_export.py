@@ -26,6 +26,7 @@ from octlm.sampling import generate
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
 from octlm.trained import load_model
+from tests import octlm_process
 
 # Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).
 pytestmark = pytest.mark.slow
@@ -47,14 +48,7 @@ HF_FILES = {
 
 def octlm(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}  # never prepare implicitly
-    proc = subprocess.run(
-        [sys.executable, "-m", "octlm", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    proc = octlm_process.run([*map(str, args)], env, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"octlm {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
     return proc

@@ -1,0 +1,172 @@
+"""`python -m octlm ARGS` for the tests, in a new process that starts with its imports done.
+
+A `python -m octlm train` of the tiny model takes about 3.8 s, of which about 2.7 s is
+importing torch and torch._dynamo (torch.optim imports it when the first optimizer is built);
+the suite starts several hundred such processes. Here each command is still its own process
+(its own pid, memory, signals and exit code; a resume is read by a process that never saw the
+run that wrote it), forked from a server process that has imported those modules and run
+nothing else: the state a fresh `python -m octlm` reaches once its imports are done. The child
+runs octlm/__main__.py as `python -m octlm` does, with the arguments, environment, working
+folder and standard streams the caller gives.
+
+What a fresh interpreter reads only while it imports (thread, BLAS and CPU-kernel settings,
+the allocator, Python's own flags) is the server's. A command whose environment differs from
+the server's in any such variable runs as a real `python -m octlm` instead, and so does every
+command when OCTLM_TEST_FRESH=1 (the whole suite the slow, plain way).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+PRELOAD = ["octlm", "torch", "torch._dynamo", "octlm.cli", "octlm.trainer.loop"]
+"""octlm first: it pins the thread settings before torch loads, as the command does."""
+IMPORT_TIME = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "ATEN_", "TORCH", "PYTORCH_")
+IMPORT_TIME += ("CUDA", "NCCL_", "PYTHON", "LD_", "MALLOC", "GLIBC", "OCTLM_PINNED")
+"""Prefixes of the variables a process reads while it imports (and never again)."""
+ROOT = Path(__file__).resolve().parent.parent
+
+_server: subprocess.Popen | None = None
+_server_env: dict[str, str] = {}
+_busy = threading.Lock()
+"""One command at a time per server: a caller's thread that finds it busy starts a real one."""
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+
+
+def _server_for(env: dict[str, str]) -> subprocess.Popen | None:
+    """The running server, if a fresh process with `env` would make the imports it made."""
+    global _server, _server_env
+    if os.environ.get("OCTLM_TEST_FRESH") == "1":
+        return None
+    if _server is None or _server.poll() is not None:
+        _server_env = _import_time(dict(os.environ))  # what the server inherits, now
+        _server = subprocess.Popen(
+            [sys.executable, "-c", "from tests.octlm_process import serve; serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+        )
+    return _server if _import_time(env) == _server_env else None
+
+
+def run(
+    args: list[str],
+    env: dict[str, str],
+    cwd: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    input: str | None = None,  # noqa: A002 (subprocess.run's name)
+) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, -m, octlm, *args], capture_output=True, text=True, ...)`."""
+    cmd = [sys.executable, "-m", "octlm", *args]
+    if not _busy.acquire(blocking=False):
+        return subprocess.run(
+            cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, input=input
+        )
+    try:
+        server = _server_for(env)
+        if server is None:
+            return subprocess.run(
+                cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, input=input
+            )
+        return _forked(server, cmd, args, env, cwd, timeout, input)
+    finally:
+        _busy.release()
+
+
+def _forked(
+    server: subprocess.Popen,
+    cmd: list[str],
+    args: list[str],
+    env: dict[str, str],
+    cwd: str | os.PathLike | None,
+    timeout: float | None,
+    input: str | None,  # noqa: A002
+) -> subprocess.CompletedProcess:
+    assert server.stdin is not None and server.stdout is not None
+    with tempfile.TemporaryDirectory(prefix="octlm-fork-") as streams:
+        out, err, stdin = (Path(streams) / name for name in ("out", "err", "in"))
+        stdin.write_text(input or "")
+        request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd())}
+        request.update(stdin=str(stdin), out=str(out), err=str(err))
+        server.stdin.write((json.dumps(request) + "\n").encode())
+        server.stdin.flush()
+        pid = int(server.stdout.readline())
+        with selectors.DefaultSelector() as waiting:
+            waiting.register(server.stdout, selectors.EVENT_READ)
+            timed_out = not waiting.select(timeout)
+        if timed_out:  # as subprocess.run: kill it, then raise
+            os.kill(pid, signal.SIGKILL)
+        code = int(server.stdout.readline())
+        if timed_out:
+            raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(cmd, code, out.read_text(), err.read_text())
+
+
+def serve() -> None:
+    """The server: import, then fork one child per request line; answer its pid, then its
+    exit code (negative: the signal that killed it, as subprocess reports it)."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    for line in requests:
+        pid = os.fork()
+        if pid == 0:
+            _child(**json.loads(line))
+        answers.write(f"{pid}\n".encode())
+        answers.flush()
+        _, status = os.waitpid(pid, 0)
+        answers.write(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        answers.flush()
+
+
+def _child(args: list[str], env: dict[str, str], cwd: str, stdin: str, out: str, err: str) -> None:
+    """In the forked process: become `python -m octlm ARGS` and never return."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, path, flags in (
+        (0, stdin, os.O_RDONLY),
+        (1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
+    sys.argv = ["-m", *args]  # run_module sets argv[0] to octlm/__main__.py, as -m does
+    try:
+        runpy.run_module("octlm", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # what the interpreter prints for an uncaught exception
+        traceback.print_exc()
+        code = 1
+    from octlm.launch import exit_without_finalising
+
+    exit_without_finalising(code)  # what a normal exit does, bar the finalisation
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints it and exits 1
+    return 1
