@@ -47,10 +47,10 @@ browser:
 # Two pytest workers (pytest-xdist): the suite is mostly single-threaded subprocesses, so the
 # 2-core CI machine runs it in about 70% of the serial time; worksteal, because a few long
 # tests left at the end of a static split kept one worker idle (597 s against 429 s).
-# TEST_WORKERS=0 runs it serially.
+# TEST_WORKERS=0 runs it serially. The 25 slowest tests are listed at the end, CI's log included.
 TEST_WORKERS ?= 2
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The fast lane: everything not marked slow (no subprocess, no torchrun, no browser). Exit code
 # 5 (no tests collected) fails the target like any other non-zero exit.

@@ -8,8 +8,6 @@ decoding from the block's first token must reproduce the block exactly.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from octlm.prepare.text import PrepareConfig, prepare
 from octlm.runlog import read_log
 from octlm.sampling import generate
 from octlm.trained import load_model
+from tests import octlm_process
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +31,8 @@ def embedded_4096(tmp_path_factory) -> Path:
 
 def test_day1_overfit_memorises_its_block(embedded_4096: Path, tmp_path: Path) -> None:
     out = tmp_path / "day1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "octlm",
-        "train",
-        "--config",
-        "day1-overfit",
-        "--data",
-        str(embedded_4096),
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    args = ["train", "--config", "day1-overfit", "--data", str(embedded_4096), "--out", str(out)]
+    proc = octlm_process.run([*args, "--no-progress"], dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = read_log(out)
     vals = {r["step"]: r["val_loss"] for r in records if r["type"] == "val"}
