@@ -1,6 +1,6 @@
 """`python -m octlm ARGS` for the tests, in a new process that starts with its imports done.
 
-A `python -m octlm train` of the tiny model takes about 3.8 s, of which about 2.7 s is
+A `python -m octlm train` of the tiny model takes about 3.8 s, of which about 2.5 s is
 importing torch and torch._dynamo (torch.optim imports it when the first optimizer is built);
 the suite starts several hundred such processes. Here each command is still its own process
 (its own pid, memory, signals and exit code; a resume is read by a process that never saw the
@@ -72,19 +72,16 @@ def run(
 ) -> subprocess.CompletedProcess:
     """`subprocess.run([python, -m, octlm, *args], capture_output=True, text=True, ...)`."""
     cmd = [sys.executable, "-m", "octlm", *args]
-    if not _busy.acquire(blocking=False):
-        return subprocess.run(
-            cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, input=input
-        )
-    try:
-        server = _server_for(env)
-        if server is None:
-            return subprocess.run(
-                cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, input=input
-            )
-        return _forked(server, cmd, args, env, cwd, timeout, input)
-    finally:
-        _busy.release()
+    if _busy.acquire(blocking=False):
+        try:
+            server = _server_for(env)
+            if server is not None:
+                return _forked(server, cmd, args, env, cwd, timeout, input)
+        finally:
+            _busy.release()
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, input=input
+    )
 
 
 def _forked(
