@@ -27,6 +27,12 @@ from tests.e2e.helpers import DIST_STEPS as STEPS
 pytestmark = pytest.mark.slow
 
 REQUEUE = 3
+SLOW_SAVES = {"OCTLM_CHAOS_SAVE_PAUSE": "0.2"}
+"""For the kill tests: each checkpoint write pauses 0.2 s twice (after the temporary file and after
+the rename), so a step with its checkpoint takes at least 0.4 s. A kill that comes up to 0.35 s
+after a step record then lands in the next step or its write (the interesting case), and the
+resumed group has steps left for the second kill: with 6 unslowed tiny steps, a late first kill
+once left the restarted group one step, and it had ended before the second kill (seen here)."""
 
 
 def args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -86,14 +92,14 @@ def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float =
 
 def kill_twice(proc: subprocess.Popen, out: Path, rng: random.Random) -> None:
     """SIGKILL a random worker of the group twice, each time somewhere in a step or a checkpoint
-    write: after step 2 (step 1's checkpoint is complete by then), then after the first step
-    record the restarted group writes (the log is cut back on resume: an older record would
-    not do). The second kill used to wait for step 4: a first kill that landed after step 4's
-    checkpoint left the resumed group one step to run, and it had ended before the second kill
-    came (once, on a loaded machine)."""
+    write: after step 2 once a checkpoint is listed (else the restart starts fresh, which is
+    not the case under test), then after the first step record the restarted group writes (the
+    log is cut back on resume: an older record would not do). Start the run with SLOW_SAVES,
+    so that steps are left for the second kill."""
+    listed = out / "checkpoints" / "latest.json"
     for kills, step in enumerate((2, 1)):
         deadline = time.monotonic() + 120
-        while not _stepped_since_resume(out, step, kills):
+        while not (_stepped_since_resume(out, step, kills) and listed.is_file()):
             assert proc.poll() is None, "the run ended before the step came"
             assert time.monotonic() < deadline, f"no step {step} after {kills} resume(s)"
             time.sleep(0.05)
@@ -170,18 +176,18 @@ def test_elastic_restarts_after_killed_workers_end_identical(
     else:
         reference = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", "--parallel", "fsdp")
     out = tmp_path / "elastic"
-    proc = start(*args(tiny_dataset, out, *mode, "--max-restarts", "3"))
+    proc = start(*args(tiny_dataset, out, *mode, "--max-restarts", "3"), **SLOW_SAVES)
     survives_two_kills(proc, out, random.Random(18), reference)
 
 
-def torchrun(*argv: str, share_store: bool) -> subprocess.Popen:
+def torchrun(*argv: str, share_store: bool, **extra: str) -> subprocess.Popen:
     """A plain `torchrun --standalone` of two workers, as a user would type it (no octlm
     launcher: nothing of octlm's is in the agent's environment)."""
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     if not share_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    env["OCTLM_CACHE"] = "/nonexistent-octlm-cache"
+    env.update(OCTLM_CACHE="/nonexistent-octlm-cache", **extra)
     return subprocess.Popen([*cmd, *argv], stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -208,7 +214,7 @@ def test_plain_torchrun_restarts_after_killed_workers_end_identical(
     group resumes (TORCHELASTIC_RESTART_COUNT > 0 turns --resume on) and ends on the bits."""
     out = tmp_path / "plain"
     argv = args(tiny_dataset, out, "--ckpt-every", "1")
-    proc = torchrun("--max-restarts", "3", "-m", "octlm", *argv, share_store=False)
+    proc = torchrun("--max-restarts", "3", "-m", "octlm", *argv, share_store=False, **SLOW_SAVES)
     survives_two_kills(proc, out, random.Random(26), one_node)
 
 
