@@ -47,13 +47,19 @@ def _import_time(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
 
 
-def _server_for(env: dict[str, str]) -> subprocess.Popen | None:
-    """The running server, if a fresh process with `env` would make the imports it made."""
+def server_for(env: dict[str, str]) -> subprocess.Popen | None:
+    """The running server, if a fresh process with `env` would make the imports it made. A
+    server whose import-time settings this process no longer has is replaced: torch itself
+    sets some in the test process (inductor exports TORCHINDUCTOR_CACHE_DIR when a test
+    compiles), and every later command would otherwise start the slow way."""
     global _server, _server_env
     if os.environ.get("OCTLM_TEST_FRESH") == "1":
         return None
+    now = _import_time(dict(os.environ))
+    if _server is not None and _server.poll() is None and now != _server_env:
+        _stop(_server)
     if _server is None or _server.poll() is not None:
-        _server_env = _import_time(dict(os.environ))  # what the server inherits, now
+        _server_env = now  # what the server inherits
         _server = subprocess.Popen(
             [sys.executable, "-c", "from tests.octlm_process import serve; serve()"],
             stdin=subprocess.PIPE,
@@ -61,6 +67,14 @@ def _server_for(env: dict[str, str]) -> subprocess.Popen | None:
             cwd=ROOT,
         )
     return _server if _import_time(env) == _server_env else None
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """End an idle server: it leaves its request loop when its input closes."""
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.close()
+    server.wait()
+    server.stdout.close()
 
 
 def run(
@@ -74,7 +88,7 @@ def run(
     cmd = [sys.executable, "-m", "octlm", *args]
     if _busy.acquire(blocking=False):
         try:
-            server = _server_for(env)
+            server = server_for(env)
             if server is not None:
                 return _forked(server, cmd, args, env, cwd, timeout, input)
         finally:
