@@ -6,13 +6,16 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 
 from octlm.errors import OctlmError
+from octlm.kvcache import KVCache, forward_cached
 from octlm.model import GPT
 from octlm.tokenizer.core import Tokenizer
 
 MAX_NEW_TOKENS = 2**20
-"""More is not a text anyone waits for: each new token runs the model once over its context."""
+"""More is not a text anyone waits for: past the context, each new token runs the model over
+the whole window again."""
 SEEDS = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
@@ -50,21 +53,24 @@ def generate(
     top_k: int | None = None,
     seed: int = 0,
     stop_id: int | None = None,
+    cache: bool = True,
 ) -> list[int]:
-    """Continue `prompt_ids`; temperature 0 is greedy. Returns only the new ids."""
+    """Continue `prompt_ids`; temperature 0 is greedy. Returns only the new ids. With `cache`
+    (the default) each new token runs the model over itself only (`octlm/kvcache.py`);
+    without, over the whole context again, which gives the same tokens, slower."""
     if not prompt_ids:
         raise ValueError("the prompt must hold at least one token")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    context = model.config.context
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    logits_of = _Continuation(model, cache)
     new: list[int] = []
     # Dropout in train mode would draw from the global RNG and make a sample irreproducible.
     was_training = model.training
     model.eval()
     try:
         for _ in range(max_new_tokens):
-            logits = model(ids[:, -context:])[:, -1, :].float()  # (1, V): the next token only
+            logits = logits_of(ids)  # (1, V): the next token only
             if temperature <= 0:
                 next_id = int(logits.argmax(dim=-1))
             else:
@@ -81,6 +87,25 @@ def generate(
     finally:
         model.train(was_training)
     return new
+
+
+class _Continuation:
+    """The next token's float32 logits (B, V) for the ids so far, which grow by one a call."""
+
+    def __init__(self, model: GPT, cache: bool) -> None:
+        self.model = model
+        self.cache = KVCache(model, 1) if cache else None
+        self.fed = 0  # leading ids the cache holds
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        context = self.model.config.context
+        if self.cache is not None and ids.shape[1] <= context:
+            logits = forward_cached(self.model, ids[:, self.fed :], self.cache)
+            self.fed = ids.shape[1]
+            return logits[:, -1, :].float()
+        # Past the context the window slides and every position moves (RoPE restarts at the
+        # window's first token), so the cached keys are stale: the full forward, as uncached.
+        return self.model(ids[:, -context:])[:, -1, :].float()
 
 
 def generate_text(

@@ -1,0 +1,66 @@
+"""What the key/value cache buys `octlm generate` on this CPU: new tokens per second, cached
+against uncached, for one prompt.
+
+    .venv/bin/python -m bench.generate_speed [--preset tiny] [--new 512] [--rounds 3]
+
+The model is the preset's shape with its context raised to hold prompt + new tokens (so the
+uncached path runs its full forward over the growing sequence, and the cached one never has to
+slide the window), from its init: speed does not depend on the weights. Greedy decoding of a
+16-token prompt. Each round times the two paths back to back, alternating which goes first;
+the result is each path's median and the median of the per-round ratios. The two paths' tokens
+are compared too (a random model's near-ties may swap a token: reported, not asserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from octlm.model import GPT, PRESETS, preset
+from octlm.sampling import generate
+
+PROMPT_LEN = 16
+
+
+def timed_generate(model: GPT, prompt: list[int], new: int, cache: bool) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    out = generate(model, prompt, new, cache=cache)
+    return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--new", type=int, default=512, help="new tokens per generation")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    context = max(PRESETS[args.preset].context, PROMPT_LEN + args.new)
+    torch.manual_seed(0)
+    model = GPT(preset(args.preset, context=context)).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (PROMPT_LEN,)).tolist()
+    generate(model, prompt, 8)  # warm the allocator and kernels for both paths
+    generate(model, prompt, 8, cache=False)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    same = True
+    for r in range(args.rounds):
+        outs = {}
+        for cache in (True, False) if r % 2 == 0 else (False, True):
+            seconds, outs[cache] = timed_generate(model, prompt, args.new, cache)
+            times[cache].append(seconds)
+        same = same and outs[True] == outs[False]
+    ratios = [u / c for c, u in zip(times[True], times[False], strict=True)]
+    params, threads = model.num_params() / 1e6, torch.get_num_threads()
+    print(f"{args.preset} ({params:.2f}M parameters), context {context}, threads {threads}")
+    print(f"{args.new} new tokens after a {PROMPT_LEN}-token prompt, {args.rounds} rounds")
+    for cache, name in ((True, "cached"), (False, "uncached")):
+        median = statistics.median(times[cache])
+        print(f"  {name:9s} {median:8.2f} s  {args.new / median:8.1f} tokens/s")
+    print(f"  speed-up  {statistics.median(ratios):8.1f}x (median of per-round ratios {ratios})")
+    print(f"  same tokens: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Decoding with a key/value cache: each new token runs the model once over itself, not over
+the whole context again.
+
+`KVCache` holds, per layer, the keys and values (after q/k norm and RoPE) of every position
+seen so far, preallocated to the model's context. `forward_cached` is `GPT.forward` without
+targets for the next `T` tokens of each row: the same modules in the same order, the queries
+of the new positions attending over the cached keys. The arithmetic is the full forward's
+with other matrix shapes, so logits agree to float rounding, not bit for bit; greedy and
+seeded sampled tokens match the uncached path (tests/test_kvcache.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from octlm.model import GPT, Attention
+from octlm.positions import apply_rope
+
+
+class KVCache:
+    """Keys and values of the positions seen so far: per layer (B, KV heads, context, D)."""
+
+    def __init__(self, model: GPT, batch: int) -> None:
+        cfg = model.config
+        weight = model.tok_embeddings.weight
+        shape = (batch, cfg.n_kv_heads, cfg.context, cfg.head_dim)
+        self.keys = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
+        self.values = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
+        self.length = 0
+        """Positions filled (the same for every row)."""
+        self.capacity = cfg.context
+
+    def room(self) -> int:
+        """How many more positions fit."""
+        return self.capacity - self.length
+
+
+@torch.no_grad()
+def forward_cached(model: GPT, ids: Tensor, cache: KVCache, last_only: bool = True) -> Tensor:
+    """Logits for `ids` (B, T), the next T positions of each row in `cache`, which then holds
+    them too: (B, 1, V) for the last position with `last_only`, else (B, T, V)."""
+    n = ids.shape[1]
+    if n > cache.room():
+        raise ValueError(f"{n} more positions do not fit: the cache has room for {cache.room()}")
+    start, end = cache.length, cache.length + n
+    cos, sin = model.rope.cos[start:end], model.rope.sin[start:end]
+    h = model.tok_embeddings(ids)
+    for i, layer in enumerate(model.layers):
+        attn = _attend(layer.attention, layer.attention_norm(h), cos, sin, cache, i, start)
+        h = h + attn
+        h = h + layer.feed_forward(layer.ffn_norm(h))
+    cache.length = end
+    if last_only:
+        h = h[:, -1:]
+    logits = F.linear(model.norm(h), model.tok_embeddings.weight)
+    if model.config.logit_softcap > 0:
+        cap = model.config.logit_softcap
+        logits = cap * torch.tanh(logits.float() / cap)
+    return logits
+
+
+def _attend(
+    attn: Attention, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, start: int
+) -> Tensor:
+    """`Attention.forward` for positions start.. of each row, over the cached ones before."""
+    B, T, _ = x.shape
+    q = attn.wq(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+    k = attn.wk(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    v = attn.wv(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    if attn.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    end = start + T
+    cache.keys[layer][:, :, start:end] = k
+    cache.values[layer][:, :, start:end] = v
+    keys, values = cache.keys[layer][:, :, :end], cache.values[layer][:, :, :end]
+    if start == 0:  # the prompt: the full forward's causal attention
+        y = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+    elif T == 1:  # one new token sees every position before it
+        y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+    else:  # a later chunk: causal, offset by the positions already cached
+        mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    y = y.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim)
+    return attn.wo(y)
