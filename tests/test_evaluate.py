@@ -13,25 +13,16 @@ import torch.nn.functional as F
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.data.windows import StreamWindows, first_windows
 from octlm.evaluate import ValidationSet, validate
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.tokenizer.core import Tokenizer
+from tests.unit_model import unit_config
 
 CONTEXT = 32
 CPU = torch.device("cpu")
 
 
 def tiny(dropout: float = 0.0):
-    return preset(
-        "tiny",
-        vocab_size=512,
-        context=CONTEXT,
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=128,
-        dropout=dropout,
-    )
+    return unit_config(CONTEXT, dropout=dropout)
 
 
 def make_model(dropout: float = 0.0, seed: int = 0) -> GPT:

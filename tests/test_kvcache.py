@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from octlm.kvcache import KVCache, forward_cached
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.sampling import generate
+from tests.unit_model import unit_config
 
 CONTEXT = 320
 NEW = 256
@@ -22,18 +23,7 @@ NEW = 256
 
 def small_model(seed: int = 0, **options) -> GPT:
     torch.manual_seed(seed)
-    config = preset(
-        "tiny",
-        vocab_size=512,
-        context=CONTEXT,
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=128,
-        **options,
-    )
-    return GPT(config)
+    return GPT(unit_config(CONTEXT, **options))
 
 
 @pytest.fixture(scope="module")

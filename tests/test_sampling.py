@@ -8,9 +8,10 @@ import torch
 
 from octlm.cli import main
 from octlm.errors import OctlmError
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.sampling import check_sampling, generate, generate_text
 from octlm.tokenizer.core import Tokenizer
+from tests.unit_model import unit_config
 
 CONTEXT = 32
 PROMPT = [1, 17, 250, 3, 99]
@@ -18,18 +19,7 @@ PROMPT = [1, 17, 250, 3, 99]
 
 def make_model(dropout: float = 0.0, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    config = preset(
-        "tiny",
-        vocab_size=512,
-        context=CONTEXT,
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=128,
-        dropout=dropout,
-    )
-    return GPT(config).eval()
+    return GPT(unit_config(CONTEXT, dropout=dropout)).eval()
 
 
 @pytest.fixture(scope="module")
