@@ -1,7 +1,8 @@
 """What the key/value cache buys `octlm generate` on this CPU: new tokens per second, cached
-against uncached, for one prompt.
+against uncached, for one prompt; then a batch of prompts decoded together against the same
+prompts one at a time (both cached), as `--prompts FILE` does.
 
-    .venv/bin/python -m bench.generate_speed [--preset tiny] [--new 512] [--rounds 3]
+    .venv/bin/python -m bench.generate_speed [--preset tiny] [--new 512] [--rounds 3] [--batch 8]
 
 The model is the preset's shape with its context raised to hold prompt + new tokens (so the
 uncached path runs its full forward over the growing sequence, and the cached one never has to
@@ -20,7 +21,7 @@ import time
 import torch
 
 from octlm.model import GPT, PRESETS, preset
-from octlm.sampling import generate
+from octlm.sampling import generate, generate_batch
 
 PROMPT_LEN = 16
 
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--new", type=int, default=512, help="new tokens per generation")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=8, help="prompts in the batched part")
     args = parser.parse_args()
     context = max(PRESETS[args.preset].context, PROMPT_LEN + args.new)
     torch.manual_seed(0)
@@ -60,6 +62,32 @@ def main() -> None:
         print(f"  {name:9s} {median:8.2f} s  {args.new / median:8.1f} tokens/s")
     print(f"  speed-up  {statistics.median(ratios):8.1f}x (median of per-round ratios {ratios})")
     print(f"  same tokens: {same}")
+    batched(model, args)
+
+
+def batched(model: GPT, args: argparse.Namespace) -> None:
+    """`args.batch` prompts of 8..16 tokens, `args.new` tokens each: one batch against a loop."""
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(8, PROMPT_LEN + 1, (args.batch,), generator=gen).tolist()
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+    times: dict[str, list[float]] = {"batch": [], "loop": []}
+    for r in range(args.rounds):
+        for name in ("batch", "loop") if r % 2 == 0 else ("loop", "batch"):
+            t0 = time.perf_counter()
+            if name == "batch":
+                generate_batch(model, prompts, args.new)
+            else:
+                for prompt in prompts:
+                    generate(model, prompt, args.new)
+            times[name].append(time.perf_counter() - t0)
+    total = args.batch * args.new
+    print(f"{args.batch} prompts of 8..{PROMPT_LEN} tokens, {args.new} new tokens each")
+    for name in ("batch", "loop"):
+        median = statistics.median(times[name])
+        print(f"  {name:9s} {median:8.2f} s  {total / median:8.1f} tokens/s")
+    ratios = [loop / b for b, loop in zip(times["batch"], times["loop"], strict=True)]
+    print(f"  speed-up  {statistics.median(ratios):8.1f}x (median of per-round ratios)")
 
 
 if __name__ == "__main__":

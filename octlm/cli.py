@@ -15,11 +15,10 @@ from typing import Any
 
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
+from octlm.cli_model import add_model_commands, run_parser
 from octlm.config import DTYPES, TrainConfig, config_keys
 from octlm.config_files import field_docs, load_toml, make_config, to_toml
-from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError, RankError
-from octlm.hashing import weights_sha256
 from octlm.launch import LAUNCHED_ENV, REQUEUE_SIGNALS, Launch, launch, leave_note, restart_resumes
 from octlm.prepare.cli import add_data_commands
 from octlm.tools.export import FORMATS, export
@@ -143,41 +142,6 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from octlm.data.dataset_tokenizer import dataset_tokenizer
-    from octlm.evaluate import evaluate_split
-    from octlm.trained import load_model, run_dataset
-
-    model, info = load_model(args.run, device=args.device)
-    dataset = run_dataset(info, args.data)
-    token_bytes = dataset_tokenizer(dataset).token_bytes_table
-    sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
-    r = evaluate_split(model, dataset, token_bytes, split=args.split, **sizes)
-    where = f"{info.path}  step {info.step}  {args.split}"
-    print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
-    return 0
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from octlm.sampling import check_sampling, generate_text
-    from octlm.trained import load_model, run_tokenizer
-
-    sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
-    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)  # before loading
-    model, info = load_model(args.run, device=args.device)
-    tokenizer, n = run_tokenizer(info, args.data), args.max_new_tokens
-    print(generate_text(model, tokenizer, args.prompt, max_new_tokens=n, **sampling))
-    return 0
-
-
-def _cmd_hash(args: argparse.Namespace) -> int:
-    from octlm.trained import load_model
-
-    model, info = load_model(args.run, device=args.device)
-    print(f"{weights_sha256(model.state_dict())}  {info.path}")
-    return 0
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     out = write_page(build_report(args.runs, title=args.title), args.out)
     print(f"wrote {out} ({len(args.runs)} run{'s' * (len(args.runs) > 1)}; open it in a browser)")
@@ -283,34 +247,6 @@ def _add_log_commands(sub: Any) -> None:
     le.set_defaults(handler=_cmd_log_export)
 
 
-def _run_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    parser = sub.add_parser(name, help=help_text)
-    parser.add_argument("run", help="run folder (its newest checkpoint) or checkpoint file")
-    return parser
-
-
-def _add_model_commands(sub: Any) -> None:
-    ev = _run_parser(sub, "eval", "validation loss, perplexity and bits per byte")
-    ge = _run_parser(sub, "generate", "continue a prompt")
-    ha = _run_parser(sub, "hash", "print the model's weights_sha256")
-    for parser in (ev, ge, ha):
-        parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    ev.add_argument("--data", help="dataset folder (default: the one the run trained on)")
-    ev.add_argument("--split", choices=SPLITS, default="val")
-    ev.add_argument("--batches", type=int, default=40, help="micro-batches; 0 = the whole split")
-    ev.add_argument("--micro-batch", type=int, default=16)
-    ev.add_argument("--dtype", choices=DTYPES, default="fp32")
-    ev.set_defaults(handler=_cmd_eval)
-    ge.add_argument("--prompt", required=True)
-    ge.add_argument("--data", help="dataset folder whose tokenizer to use (default: the run's)")
-    ge.add_argument("--max-new-tokens", type=int, default=64)
-    ge.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ge.add_argument("--top-k", type=int, default=None)
-    ge.add_argument("--seed", type=int, default=0)
-    ge.set_defaults(handler=_cmd_generate)
-    ha.set_defaults(handler=_cmd_hash)
-
-
 def _add_page_commands(sub: Any) -> None:
     rp = sub.add_parser("report", help="one self-contained HTML page of runs, with playgrounds")
     rp.add_argument("runs", nargs="+", metavar="RUN", help="run folder (or its log.jsonl)")
@@ -323,7 +259,7 @@ def _add_page_commands(sub: Any) -> None:
 
 
 def _add_export_command(sub: Any) -> None:
-    ex = _run_parser(sub, "export", "write a Hugging Face Llama/Qwen3 folder or plain safetensors")
+    ex = run_parser(sub, "export", "write a Hugging Face Llama/Qwen3 folder or plain safetensors")
     ex.add_argument("out", help="folder to write (safetensors: a folder or a .safetensors file)")
     kinds = "hf: Llama (Qwen3 with q/k norms) folder with tokenizer (default); safetensors"
     ex.add_argument("--format", choices=FORMATS, default="hf", dest="fmt", help=kinds)
@@ -339,7 +275,7 @@ def _add_machine_commands(sub: Any) -> None:
     au.add_argument("data", help="dataset folder made by `octlm prepare`")
     au.set_defaults(handler=_cmd_analyze_unigram)
     flush = "share of Linear-output gradients FP16 would flush"
-    af = _run_parser(an_sub, "underflow", flush)
+    af = run_parser(an_sub, "underflow", flush)
     af.add_argument("--micro-batch", type=int, default=None, help="default: the run's")
     af.add_argument("--dtype", choices=DTYPES, default=None, help="default: the run's")
     af.add_argument("--step", type=int, default=None, help="data of this step (default: next)")
@@ -364,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_commands(sub)
     _add_train_commands(sub)
     _add_log_commands(sub)
-    _add_model_commands(sub)
+    add_model_commands(sub)
     _add_page_commands(sub)
     _add_export_command(sub)
     _add_machine_commands(sub)

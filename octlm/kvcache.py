@@ -38,18 +38,29 @@ class KVCache:
 
 
 @torch.no_grad()
-def forward_cached(model: GPT, ids: Tensor, cache: KVCache, last_only: bool = True) -> Tensor:
+def forward_cached(
+    model: GPT, ids: Tensor, cache: KVCache, last_only: bool = True, pad: Tensor | None = None
+) -> Tensor:
     """Logits for `ids` (B, T), the next T positions of each row in `cache`, which then holds
-    them too: (B, 1, V) for the last position with `last_only`, else (B, T, V)."""
+    them too: (B, 1, V) for the last position with `last_only`, else (B, T, V).
+
+    `pad` (B,), for a batch of prompts of different lengths: row b's first pad[b] positions
+    are left padding, which no real position attends to and which RoPE does not count, so
+    each row is computed as it would be alone (up to the rounding of a masked kernel)."""
     n = ids.shape[1]
     if n > cache.room():
         raise ValueError(f"{n} more positions do not fit: the cache has room for {cache.room()}")
     start, end = cache.length, cache.length + n
-    cos, sin = model.rope.cos[start:end], model.rope.sin[start:end]
+    if pad is None:
+        cos, sin, mask = model.rope.cos[start:end], model.rope.sin[start:end], None
+    else:
+        slots = torch.arange(start, end, device=ids.device)
+        cos, sin = model.rope.at((slots - pad.unsqueeze(1)).clamp(min=0))
+        mask = padded_causal_mask(pad, start, end)
     h = model.tok_embeddings(ids)
     for i, layer in enumerate(model.layers):
-        attn = _attend(layer.attention, layer.attention_norm(h), cos, sin, cache, i, start)
-        h = h + attn
+        x = layer.attention_norm(h)
+        h = h + _attend(layer.attention, x, cos, sin, cache, i, start, mask)
         h = h + layer.feed_forward(layer.ffn_norm(h))
     cache.length = end
     if last_only:
@@ -61,8 +72,25 @@ def forward_cached(model: GPT, ids: Tensor, cache: KVCache, last_only: bool = Tr
     return logits
 
 
+def padded_causal_mask(pad: Tensor, start: int, end: int) -> Tensor:
+    """(B, 1, end - start, end), True where the query at each position start..end-1 may attend:
+    itself and the earlier positions that are not padding. A padding query attends to itself
+    only (a row of no True would make attention NaN); nothing real reads it."""
+    queries = torch.arange(start, end, device=pad.device).view(1, -1, 1)
+    keys = torch.arange(end, device=pad.device).view(1, 1, -1)
+    real = keys >= pad.view(-1, 1, 1)
+    return ((keys <= queries) & real | (keys == queries)).unsqueeze(1)
+
+
 def _attend(
-    attn: Attention, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, start: int
+    attn: Attention,
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: KVCache,
+    layer: int,
+    start: int,
+    mask: Tensor | None,
 ) -> Tensor:
     """`Attention.forward` for positions start.. of each row, over the cached ones before."""
     B, T, _ = x.shape
@@ -76,7 +104,9 @@ def _attend(
     cache.keys[layer][:, :, start:end] = k
     cache.values[layer][:, :, start:end] = v
     keys, values = cache.keys[layer][:, :, :end], cache.values[layer][:, :, :end]
-    if start == 0:  # the prompt: the full forward's causal attention
+    if mask is not None:  # left-padded rows
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    elif start == 0:  # the prompt: the full forward's causal attention
         y = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
     elif T == 1:  # one new token sees every position before it
         y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)

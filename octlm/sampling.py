@@ -4,6 +4,7 @@ generator, so a sample is reproducible from its seed and touches no global RNG."
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -43,6 +44,19 @@ def check_sampling(
         raise OctlmError(f"--top-k {top_k} keeps no token", "use --top-k 1 or more")
 
 
+def read_prompts(path: str) -> list[str]:
+    """The prompts of a UTF-8 text file, one a line; blank lines are skipped."""
+    fix = "give a UTF-8 text file with one prompt a line"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OctlmError(f"--prompts {path} cannot be read ({exc})", fix) from None
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise OctlmError(f"--prompts {path} holds no prompt", fix)
+    return prompts
+
+
 @torch.no_grad()
 def generate(
     model: GPT,
@@ -70,16 +84,7 @@ def generate(
     model.eval()
     try:
         for _ in range(max_new_tokens):
-            logits = logits_of(ids)  # (1, V): the next token only
-            if temperature <= 0:
-                next_id = int(logits.argmax(dim=-1))
-            else:
-                logits = logits / temperature
-                if top_k is not None and top_k < logits.shape[-1]:
-                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = torch.softmax(logits, dim=-1)
-                next_id = int(torch.multinomial(probs, 1, generator=generator))
+            next_id = _choose(logits_of(ids), temperature, top_k, generator)
             new.append(next_id)
             if next_id == stop_id:
                 break
@@ -87,6 +92,68 @@ def generate(
     finally:
         model.train(was_training)
     return new
+
+
+@torch.no_grad()
+def generate_batch(
+    model: GPT,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    stop_id: int | None = None,
+) -> list[list[int]]:
+    """`generate` of each prompt, in one batch: the prompts left-padded to one length, each row
+    sampling from a generator of its own seeded with `seed`, so a row's tokens are the ones
+    its prompt gets alone. Prompts that would run past the context go one at a time (the
+    sliding window moves each row's positions differently)."""
+    longest = max((len(p) for p in prompts), default=0)
+    if len(prompts) < 2 or longest + max_new_tokens > model.config.context:
+        sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+        return [generate(model, p, max_new_tokens, stop_id=stop_id, **sampling) for p in prompts]
+    if min(len(p) for p in prompts) == 0:
+        raise ValueError("every prompt must hold at least one token")
+    device = next(model.parameters()).device
+    pad = torch.tensor([longest - len(p) for p in prompts], device=device)
+    rows = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
+    generators = [torch.Generator(device=device).manual_seed(seed) for _ in prompts]
+    cache, new = KVCache(model, len(prompts)), [[] for _ in prompts]
+    live = set(range(len(prompts)))
+    was_training = model.training
+    model.eval()
+    try:
+        logits = forward_cached(model, rows, cache, pad=pad)[:, -1, :].float()
+        for step in range(max_new_tokens):
+            if step:
+                last = [row[-1] if row else 0 for row in new]
+                ids = torch.tensor(last, device=device).unsqueeze(1)
+                logits = forward_cached(model, ids, cache, pad=pad)[:, -1, :].float()
+            for b in sorted(live):
+                new[b].append(_choose(logits[b : b + 1], temperature, top_k, generators[b]))
+                if new[b][-1] == stop_id:
+                    live.discard(b)
+            if not live:
+                break
+    finally:
+        model.train(was_training)
+    return new
+
+
+def _choose(
+    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator
+) -> int:
+    """The next id from one row's float32 logits (1, V): the argmax at temperature 0, else a
+    draw from `generator` after temperature and top-k."""
+    if temperature <= 0:
+        return int(logits.argmax(dim=-1))
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 class _Continuation:
@@ -120,17 +187,26 @@ def generate_text(
 ) -> str:
     """`prompt` and its continuation: BOS (EOS if none) + the prompt's ids, continued until EOS or
     `max_new_tokens`, decoded."""
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    return generate_texts(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, **sampling)[0]
+
+
+def generate_texts(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """`generate_text` of each prompt, decoded in one batch (`generate_batch`): each text is
+    the one its prompt gets alone."""
     check_sampling(max_new_tokens, temperature, top_k)
     # With no BOS, EOS is what precedes every document but the first in the training stream.
     start = tokenizer.start_ids or [tokenizer.eos_id]
-    ids = [*start, *tokenizer.encode(prompt, add_special_tokens=False)]
-    new = generate(
-        model,
-        ids,
-        max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        seed=seed,
-        stop_id=tokenizer.eos_id,
-    )
-    return prompt + tokenizer.decode(new)
+    ids = [[*start, *tokenizer.encode(p, add_special_tokens=False)] for p in prompts]
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    new = generate_batch(model, ids, max_new_tokens, stop_id=tokenizer.eos_id, **sampling)
+    return [p + tokenizer.decode(n) for p, n in zip(prompts, new, strict=True)]

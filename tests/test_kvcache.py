@@ -14,7 +14,7 @@ import torch
 
 from octlm.kvcache import KVCache, forward_cached
 from octlm.model import GPT
-from octlm.sampling import generate
+from octlm.sampling import generate, generate_batch
 from tests.unit_model import unit_config
 
 CONTEXT = 320
@@ -115,3 +115,38 @@ def test_past_the_context_the_window_slides_as_uncached(trained: GPT, stream) ->
     """Prompt 200 + 256 new > context 320: the last 136 tokens come from the sliding window."""
     prompt = stream[:200].tolist()
     assert generate(trained, prompt, NEW) == generate(trained, prompt, NEW, cache=False)
+
+
+def test_left_padded_rows_give_each_prompts_own_logits() -> None:
+    model = small_model(qk_norm=True).eval()
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 512, (n,), generator=gen) for n in (9, 30, 1)]
+    pad = torch.tensor([30 - len(p) for p in prompts])
+    rows = torch.stack(
+        [torch.cat([torch.zeros(30 - len(p), dtype=torch.long), p]) for p in prompts]
+    )
+    cache = KVCache(model, batch=3)
+    batched = forward_cached(model, rows, cache, last_only=False, pad=pad)
+    follow = torch.tensor([[5], [6], [7]])
+    after = forward_cached(model, follow, cache, pad=pad)
+    for b, prompt in enumerate(prompts):
+        alone = full_logits(model, torch.cat([prompt, follow[b]]).unsqueeze(0))[0]
+        torch.testing.assert_close(batched[b, pad[b] :].float(), alone[:-1])
+        torch.testing.assert_close(after[b, 0].float(), alone[-1])
+
+
+@pytest.mark.slow  # trains a model for a few seconds
+def test_a_batch_of_prompts_gets_each_prompts_own_tokens(trained: GPT, stream) -> None:
+    prompts = [stream[i : i + n].tolist() for i, n in ((0, 40), (500, 7), (900, 23))]
+    stop = generate(trained, prompts[1], 12)[5]  # the second prompt stops early
+    greedy = generate_batch(trained, prompts, 96, stop_id=stop)
+    assert greedy == [generate(trained, p, 96, stop_id=stop) for p in prompts]
+    assert greedy[1][-1] == stop and len(greedy[1]) <= 6
+    assert len({len(row) for row in greedy}) > 1  # each row stops on its own
+    for seed in (3, 4):
+        kw = {"temperature": 0.8, "top_k": 40, "seed": seed}
+        batched = generate_batch(trained, prompts, 96, **kw)
+        assert batched == [generate(trained, p, 96, **kw) for p in prompts]
+    # Past the context the rows go one at a time, each sliding its own window.
+    batched = generate_batch(trained, prompts, CONTEXT)
+    assert batched == [generate(trained, p, CONTEXT) for p in prompts]

@@ -1,0 +1,89 @@
+"""The `octlm` commands that use a trained model: `eval`, `generate` and `hash`, each a run
+folder, checkpoint or snapshot in and a line (or a few) out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from octlm.config import DTYPES
+from octlm.data.shards import SPLITS
+from octlm.hashing import weights_sha256
+
+
+def run_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand whose first argument is a trained run."""
+    parser = sub.add_parser(name, help=help_text)
+    parser.add_argument("run", help="run folder (its newest checkpoint) or checkpoint file")
+    return parser
+
+
+def add_model_commands(sub: Any) -> None:
+    ev = run_parser(sub, "eval", "validation loss, perplexity and bits per byte")
+    ge = run_parser(sub, "generate", "continue a prompt (or a file of them, as one batch)")
+    ha = run_parser(sub, "hash", "print the model's weights_sha256")
+    for parser in (ev, ge, ha):
+        parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    ev.add_argument("--data", help="dataset folder (default: the one the run trained on)")
+    ev.add_argument("--split", choices=SPLITS, default="val")
+    ev.add_argument("--batches", type=int, default=40, help="micro-batches; 0 = the whole split")
+    ev.add_argument("--micro-batch", type=int, default=16)
+    ev.add_argument("--dtype", choices=DTYPES, default="fp32")
+    ev.set_defaults(handler=_cmd_eval)
+    prompt = ge.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt")
+    prompt.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="a text file of prompts, one a line, decoded as one batch; prints a JSON line "
+        '{"prompt", "text"} for each, the text being what --prompt would print for it',
+    )
+    ge.add_argument("--data", help="dataset folder whose tokenizer to use (default: the run's)")
+    ge.add_argument("--max-new-tokens", type=int, default=64)
+    ge.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ge.add_argument("--top-k", type=int, default=None)
+    ge.add_argument("--seed", type=int, default=0)
+    ge.set_defaults(handler=_cmd_generate)
+    ha.set_defaults(handler=_cmd_hash)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from octlm.data.dataset_tokenizer import dataset_tokenizer
+    from octlm.evaluate import evaluate_split
+    from octlm.trained import load_model, run_dataset
+
+    model, info = load_model(args.run, device=args.device)
+    dataset = run_dataset(info, args.data)
+    token_bytes = dataset_tokenizer(dataset).token_bytes_table
+    sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
+    r = evaluate_split(model, dataset, token_bytes, split=args.split, **sizes)
+    where = f"{info.path}  step {info.step}  {args.split}"
+    print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from octlm.sampling import check_sampling, generate_texts, read_prompts
+    from octlm.trained import load_model, run_tokenizer
+
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)  # before loading
+    prompts = [args.prompt] if args.prompts is None else read_prompts(args.prompts)
+    model, info = load_model(args.run, device=args.device)
+    tokenizer, n = run_tokenizer(info, args.data), args.max_new_tokens
+    texts = generate_texts(model, tokenizer, prompts, max_new_tokens=n, **sampling)
+    if args.prompts is None:
+        print(texts[0])
+        return 0
+    for p, text in zip(prompts, texts, strict=True):  # one line each: texts hold newlines
+        print(json.dumps({"prompt": p, "text": text}, ensure_ascii=False))
+    return 0
+
+
+def _cmd_hash(args: argparse.Namespace) -> int:
+    from octlm.trained import load_model
+
+    model, info = load_model(args.run, device=args.device)
+    print(f"{weights_sha256(model.state_dict())}  {info.path}")
+    return 0
