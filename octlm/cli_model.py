@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
+from octlm import checks
 from octlm.config import DTYPES
 from octlm.data.shards import SPLITS
+from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
 
 
@@ -46,6 +49,25 @@ def add_model_commands(sub: Any) -> None:
     ge.add_argument("--seed", type=int, default=0)
     ge.set_defaults(handler=_cmd_generate)
     ha.set_defaults(handler=_cmd_hash)
+    _add_merge(sub)
+
+
+def _add_merge(sub: Any) -> None:
+    me = sub.add_parser("merge", help="the float32 mean of a run's last checkpoints, or of files")
+    me.add_argument(
+        "sources",
+        nargs="+",
+        metavar="RUN_OR_FILE",
+        help="a run folder with --last K; else two or more checkpoint or snapshot files (a run "
+        "folder among them: its newest checkpoint), oldest first",
+    )
+    me.add_argument("--last", type=int, help="merge the run's K newest checkpoints and snapshots")
+    me.add_argument(
+        "--weights", help="one weight per checkpoint, oldest first: 1,1,2 (default: equal)"
+    )
+    me.add_argument("-o", "--out", required=True, help="the folder to write")
+    me.add_argument("--force", action="store_true", help="write into a folder that is not empty")
+    me.set_defaults(handler=_cmd_merge)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -79,6 +101,32 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     for p, text in zip(prompts, texts, strict=True):  # one line each: texts hold newlines
         print(json.dumps({"prompt": p, "text": text}, ensure_ascii=False))
     return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from octlm.tools.merge import last_checkpoints, merge
+    from octlm.trainer.checkpoint import find_checkpoint
+
+    if args.last is not None:
+        checks.check("--last", args.last, checks.Int(2), "merge 2 or more checkpoints")
+        if len(args.sources) != 1:
+            raise OctlmError("--last takes one run folder", "name one run, or files without --last")
+        sources = last_checkpoints(Path(args.sources[0]), args.last)
+    else:
+        sources = [find_checkpoint(source) for source in args.sources]
+    weights = None if args.weights is None else _weights(args.weights)
+    path, digest = merge(sources, weights, Path(args.out), args.force)
+    print(f"merged {len(sources)} checkpoints into {path}: weights_sha256 {digest}")
+    return 0
+
+
+def _weights(text: str) -> list[float]:
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise OctlmError(
+            f"--weights {text} is not a list of numbers", "e.g. --weights 1,1,2"
+        ) from None
 
 
 def _cmd_hash(args: argparse.Namespace) -> int:

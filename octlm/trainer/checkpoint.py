@@ -33,6 +33,8 @@ FORMAT = "octlm-checkpoint"
 FORMAT_VERSION = 1
 CKPT_DIR = "checkpoints"
 SNAPSHOT_DIR = "snapshots"
+WEIGHTS_FILE = "model.safetensors"  # a folder's weights-only snapshot: an export's, a merge's
+MERGE_RECORD = "merge.json"  # beside it in `octlm merge`'s folder, which is not a run to train
 LATEST = "latest.json"
 KEEP_LAST = 2  # the previous file survives until a newer one is complete and listed
 # bench/chaos.py's faults: seconds to pause after the temporary file and after the rename.
@@ -366,6 +368,8 @@ def find_checkpoint(run_or_ckpt: str | Path) -> tuple[Path, str | None]:
         entries = read_latest(target)
         if entries:
             return target / CKPT_DIR / entries[-1]["file"], entries[-1]["checksum"]
+        if (target / WEIGHTS_FILE).is_file():
+            return target / WEIGHTS_FILE, None
         raise CheckpointError(f"{target} holds no checkpoint", "train it first, or name a file")
     raise CheckpointError(f"{target} does not exist", "name a run folder or a checkpoint file")
 

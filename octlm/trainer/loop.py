@@ -69,6 +69,11 @@ def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False
 
 
 def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: bool) -> TrainResult:
+    if (out / ckpt.MERGE_RECORD).exists():
+        raise OctlmError(
+            f"{out} holds merged weights (octlm merge), not a run to train",
+            f"train into another --out, with --init-from {out} to start from them",
+        )
     if not cfg.resume and has_run(out):
         raise OctlmError(
             f"{out} already holds a run", "pass --resume to continue it, or choose another --out"

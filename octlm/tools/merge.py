@@ -1,0 +1,119 @@
+"""`octlm merge`: the float32 mean of a run's last checkpoints (or of named ones), written as a
+folder that `octlm eval`, `generate`, `hash`, `export` and `--init-from` read like a run.
+
+Averaging the last checkpoints of a run's stable phase is a free gain users of a WSD schedule
+take (Megatron's checkpoint merging). The folder holds `model.safetensors` (a weights-only
+snapshot, as `octlm export --format safetensors` writes) and `merge.json`, which names each
+source file, its step and weight, and the merged weights' hash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from octlm.errors import OctlmError
+from octlm.fsutil import atomic_write, atomic_write_bytes
+from octlm.hashing import weights_sha256
+from octlm.trainer import checkpoint as ckpt
+
+
+def last_checkpoints(run: Path, last: int) -> list[tuple[Path, str | None]]:
+    """(file, listed checksum) of the `last` newest steps a run keeps, oldest first: its listed
+    checkpoints and its snapshots (--keep-ckpts), one file per step."""
+    if not run.is_dir():
+        raise OctlmError(f"{run} is not a run folder", "name a run folder with --last")
+    by_step: dict[int, tuple[Path, str | None]] = {}
+    for path in sorted((run / ckpt.SNAPSHOT_DIR).glob("step_*.safetensors")):
+        by_step[int(path.stem.removeprefix("step_"))] = (path, None)
+    for entry in ckpt.read_latest(run):  # listed files carry a checksum: they win
+        by_step[entry["step"]] = (run / ckpt.CKPT_DIR / entry["file"], entry["checksum"])
+    if len(by_step) < last:
+        raise OctlmError(
+            f"{run} keeps {len(by_step)} checkpoint(s), fewer than --last {last}",
+            "train with --keep-ckpts (a snapshot at each checkpoint), or ask for fewer",
+        )
+    return [by_step[step] for step in sorted(by_step)[-last:]]
+
+
+def merge(
+    sources: list[tuple[Path, str | None]], weights: list[float] | None, out: Path, force: bool
+) -> tuple[Path, str]:
+    """Write the weighted float32 mean of `sources` to `out`; (weights file, its hash)."""
+    weights = [1.0] * len(sources) if weights is None else weights
+    _check(sources, weights, out, force)
+    metas, total, step_of = [], None, []
+    for (path, checksum), weight in zip(sources, weights, strict=True):
+        info, tensors = ckpt.load_checkpoint(path, checksum)
+        model = {name: t.float() for name, t in ckpt.model_weights(tensors).items()}
+        if total is None:
+            total = {name: torch.zeros_like(t) for name, t in model.items()}
+        _same_model(metas[0] if metas else info.meta, info.meta, total, model, path)
+        # Summed oldest first, in float32, then divided once: the merge's bits are a function
+        # of the files and weights alone (the order is fixed, no reduction kernel chooses one).
+        # Multiplied, then added: add_'s alpha may fuse the two into one rounding on some CPUs.
+        for name, t in model.items():
+            total[name].add_(t * weight)
+        metas.append(info.meta)
+        step_of.append(info.step)
+    assert total is not None
+    merged = {name: (t / math.fsum(weights)).contiguous() for name, t in total.items()}
+    return _write(out, merged, metas[-1], sources, weights, step_of)
+
+
+def _check(
+    sources: list[tuple[Path, str | None]], weights: list[float], out: Path, force: bool
+) -> None:
+    if len(sources) < 2:
+        raise OctlmError(f"{len(sources)} checkpoint(s) to merge", "name two or more, or --last 2+")
+    if len(weights) != len(sources):
+        raise OctlmError(
+            f"--weights gives {len(weights)} weight(s) for {len(sources)} checkpoints",
+            "give one weight per checkpoint, oldest first",
+        )
+    if not all(math.isfinite(w) and w > 0 for w in weights):
+        raise OctlmError(f"--weights {weights}: each must be a finite number > 0", "e.g. 1,1,2")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise OctlmError(f"{out} is not empty", "name a new folder, or add --force")
+
+
+def _same_model(
+    first: dict, meta: dict, total: dict[str, torch.Tensor], model: dict, path: Path
+) -> None:
+    """One model shape across the sources: the same config and the same tensors."""
+    shapes = {name: tuple(t.shape) for name, t in total.items()}
+    if first.get("model_config") != meta.get("model_config") or shapes != {
+        name: tuple(t.shape) for name, t in model.items()
+    }:
+        raise OctlmError(
+            f"{path} holds a model of another shape than the first checkpoint's",
+            "merge checkpoints of one model shape (one run, or runs of the same shape)",
+        )
+
+
+def _write(
+    out: Path,
+    merged: dict[str, torch.Tensor],
+    newest: dict,
+    sources: list[tuple[Path, str | None]],
+    weights: list[float],
+    steps: list[int],
+) -> tuple[Path, str]:
+    from safetensors.torch import save_file
+
+    digest = weights_sha256(merged)
+    parts = [
+        {"file": str(path.resolve()), "step": step, "weight": weight}
+        for (path, _), step, weight in zip(sources, steps, weights, strict=True)
+    ]
+    header = {**ckpt.snapshot_header(newest), "merged_from": parts}
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / ckpt.WEIGHTS_FILE
+    metadata = {"format": "pt", "octlm": json.dumps(header)}
+    atomic_write(target, lambda tmp: save_file(merged, str(tmp), metadata=metadata))
+    record = {"merged_from": parts, "weights_sha256": digest}
+    atomic_write_bytes(out / ckpt.MERGE_RECORD, (json.dumps(record, indent=2) + "\n").encode())
+    return target, digest
