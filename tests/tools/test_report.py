@@ -290,3 +290,18 @@ def test_every_script_asset_is_valid_javascript(name: str) -> None:
     path = SCHEDULE_JS.parent / name
     result = subprocess.run([NODE, "--check", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_settings_show_the_shape_a_preset_decided(tmp_path: Path) -> None:
+    """A run that left the shape to its preset logs None for those keys; the page shows the
+    model's values, and a key the config set stays as it was set."""
+    model = {"n_layers": 4, "d_model": 192, "n_heads": 6, "qk_norm": False, "vocab_size": 512}
+    run = write_run(tmp_path / "a", model_config=model)
+    lines = (run / "log.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["config"].update(n_layers=None, d_model=None, n_heads=6)
+    lines[0] = json.dumps(header) + "\n"
+    (run / "log.jsonl").write_text("".join(lines), encoding="utf-8")
+    config = load_run(run)["config"]
+    assert (config["n_layers"], config["d_model"], config["n_heads"]) == (4, 192, 6)
+    assert "vocab_size" not in config  # not a config key: it stays in the Model group

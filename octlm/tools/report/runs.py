@@ -12,6 +12,7 @@ from typing import Any
 
 from octlm.errors import OctlmError
 from octlm.runlog import read_log_counted, require_log
+from octlm.shape import SHAPE_KEYS
 
 SAMPLES_NAME = "samples.txt"
 STEP_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s", "mfu")
@@ -66,6 +67,7 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "name": name or folder.name,
         "path": str(folder.resolve()),
         **{k: header.get(k) for k in HEADER_FIELDS},
+        "config": _resolved(config, header.get("model_config")),
         "grad_clip": number(config.get("grad_clip")) or 0,
         "steps": {k: [number(r.get(k)) for r in steps] for k in STEP_FIELDS},
         "skipped": [r.get("step") for r in steps if r.get("skipped")],
@@ -75,6 +77,15 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "samples": _samples(folder, by_type.get("sample", [])),
         "bad_lines": bad,
     }
+
+
+def _resolved(config: dict[str, Any], model: Any) -> dict[str, Any]:
+    """The config with the shape keys a preset decided (None in the log) read from the model
+    the run built, so the settings table shows each run's shape, not nulls."""
+    if not isinstance(model, dict):
+        return config
+    found = {k: model[k] for k in SHAPE_KEYS if config.get(k) is None and k in model}
+    return {**config, **found}
 
 
 def _step(record: dict[str, Any]) -> float:
