@@ -384,17 +384,3 @@ def _check(ok: bool, problem: str, fix: str = CHANGE_IT) -> None:
 
 def config_keys() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
-
-
-def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Keys whose values differ, as `key: old -> new`."""
-    keys = sorted(set(old) | set(new))
-    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
-
-
-def trajectory_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`changed_keys` of two trajectories, the keys left out at their default filled in; an
-    unset shape key reads "the preset's" (None would say nothing to a user)."""
-    changes = changed_keys({**OMITTED_AT_DEFAULT, **old}, {**OMITTED_AT_DEFAULT, **new})
-    shape = tuple(f"{key}: " for key in SHAPE_KEYS)
-    return [c.replace("None", "the preset's") if c.startswith(shape) else c for c in changes]

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from octlm import numerics
-from octlm.config import DTYPES, changed_keys
+from octlm.config import DTYPES
+from octlm.config_diff import changed_keys
 from octlm.errors import OctlmError
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -12,10 +12,9 @@ from octlm.config import (
     OMITTED_AT_DEFAULT,
     ConfigError,
     TrainConfig,
-    changed_keys,
     config_keys,
-    trajectory_changes,
 )
+from octlm.config_diff import changed_keys, trajectory_changes
 from octlm.config_files import field_docs, load_toml, make_config
 from octlm.errors import OctlmError
 

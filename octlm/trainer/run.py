@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from octlm.config import TrainConfig, trajectory_changes
+from octlm.config import TrainConfig
+from octlm.config_diff import trajectory_changes
 from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
