@@ -15,7 +15,9 @@
 2. Exactness on the device (docs/exactness.md): `verify-resume` with and without
    `--deterministic` (bf16, fused, compiled), and two straight runs without it compared with
    `octlm diff` logic: the seed saw such runs part within a few steps.
-3. NCCL (issue 18), with two GPUs or more: DDP and FSDP on 2 processes (one GPU each, device
+3. A profile (issue 30): the first model's steps 4 to 6 under `--profile-steps` (a Chrome
+   trace and a per-op table) and, on CUDA, `--memory-snapshot`, in `--profile-out`.
+4. NCCL (issue 18), with two GPUs or more: DDP and FSDP on 2 processes (one GPU each, device
    per local rank), straight against stopped and resumed, with `--deterministic`; the weights
    hashes must match. Skipped, saying so, on one GPU.
 """
@@ -170,6 +172,21 @@ def nccl(args: argparse.Namespace) -> None:
             print(f"\nNCCL {parallel}, 2 GPUs, split at {args.split}: {verdict}")
 
 
+def profile(args: argparse.Namespace) -> None:
+    """One run of the first model (fused AdamW) with --profile-steps and, on CUDA,
+    --memory-snapshot: the files land in --profile-out for the first GPU run to bring back."""
+    model = args.models.split(",")[0]
+    out = Path(args.profile_out) / model
+    window = f"{min(4, args.steps)}:{min(6, args.steps)}"
+    cuda = args.device.startswith("cuda")
+    cfg = base_config(model, args, args.steps, fused=True, profile_steps=window)
+    train(cfg.replace(out=str(out), memory_snapshot=cuda))
+    table = (out / "profile" / "ops.txt").read_text().splitlines()
+    files = sorted(path.name for path in (out / "profile").iterdir())
+    print(f"\nprofile of {model}, steps {window}: {files}")
+    print("\n".join(table[:16]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -182,11 +199,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--split", type=int, default=6)
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--profile-out", default="gpu-profile", help="folder for the profile run")
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: pass --device cpu for a smoke test")
     if not args.skip_speed:
         speed(args)
+    profile(args)
     exactness(args)
     nccl(args)
 

@@ -205,6 +205,10 @@ class TrainConfig:
     """Device peak for MFU; default: a table for known GPUs, none on CPU."""
     progress: bool | None = _setting(None)
     """Progress bar: on a terminal by default."""
+    profile_steps: str | None = _setting(None)  # the profiler only watches
+    """A:B: steps A to B (from 1) profiled into OUT/profile/, a Chrome trace and a per-op table."""
+    memory_snapshot: bool = _setting(False)
+    """On CUDA: PyTorch's memory snapshot of the first steps (up to 3) in OUT/profile/."""
     log_to: str | None = _setting(None)  # trackers only read the log's records
     """Also send the log's records to trackers, comma-separated: tensorboard (OUT/tensorboard),
     wandb (the run id kept in OUT/wandb_id; WANDB_MODE=offline needs no network)."""
@@ -260,6 +264,15 @@ class TrainConfig:
         if problem is not None:
             raise ConfigError(*problem)
         self._check_schedule()
+        bad = self.profile_steps is not None and self.profile_window is None
+        _check(not bad, f"profile_steps {self.profile_steps!r} is not A:B, 1 <= A <= B <= steps")
+
+    @property
+    def profile_window(self) -> tuple[int, int] | None:
+        """(A, B) of `profile_steps`, None if unset or not 1 <= A <= B <= steps."""
+        found = re.fullmatch(r"(\d+):(\d+)", self.profile_steps or "")
+        a, b = (int(found[1]), int(found[2])) if found else (0, 0)
+        return (a, b) if 1 <= a <= b <= self.steps else None
 
     def _check_fields(self) -> None:
         """Each field alone: its type (TOML and Python hand over anything) and its range."""

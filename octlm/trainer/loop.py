@@ -30,6 +30,7 @@ from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, peer_failure, shutdown
 from octlm.trainer.guards import TOKEN_NAME, RunLock, StopFlag, has_run
+from octlm.trainer.profile import StepProfile, check_memory_snapshot
 from octlm.trainer.run import Run, build_run, resume
 from octlm.trainer.schedule import learning_rate
 from octlm.trainer.step import NonFiniteError, StepResult, train_step
@@ -69,6 +70,7 @@ def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False
 
 
 def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: bool) -> TrainResult:
+    check_memory_snapshot(cfg.memory_snapshot, cfg.device)  # before anything is built
     if (out / ckpt.MERGE_RECORD).exists():
         raise OctlmError(
             f"{out} holds merged weights (octlm merge), not a run to train",
@@ -237,7 +239,8 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
     cfg, state = run.cfg, run.state
     end = cfg.stop_at if cfg.stop_at is not None else cfg.steps
     meter, result, stopping, signum = Meter(run), None, False, 0
-    with StopFlag(hard_exit) as stop, Progress(run) as bar:
+    watch = StepProfile(cfg.profile_window, cfg.memory_snapshot, Path(cfg.out), run.dist.rank)
+    with StopFlag(hard_exit) as stop, Progress(run) as bar, watch:
         while state.step < end and not stopping:
             s = state.step
             last = s + 1 == cfg.steps
@@ -245,10 +248,12 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
             # The end record hashes the last step's weights; its digests need a `tensors` record.
             hashing = due(cfg.hash_interval, s + 1) and not last
             digesting = cfg.hash_tensors and (hashing or last)
+            watch.before(s + 1)
             try:  # lr, micro-batches, update, counters
                 result = advance(run, validating=validating, digesting=digesting)
             except NonFiniteError as exc:
                 raise _nonfinite(log, cfg, s + 1, exc) from None
+            watch.after(s + 1)
             run.saver.check()  # a background checkpoint write that failed stops the run here
             state.elapsed = meter.elapsed()
             # Records name a step by the count done after it: s + 1 (runlog's module doc).
