@@ -17,7 +17,7 @@ from octlm.config_files import make_config
 from octlm.errors import OctlmError
 from octlm.model import GPT
 from octlm.runlog import read_log
-from octlm.sampling import SEEDS, check_sampling, generate_text
+from octlm.sampling import SEEDS, check_sampling, generate_texts
 from octlm.tokenizer.core import Tokenizer
 from octlm.trained import load_model, run_tokenizer
 from octlm.trainer.loop import train as train_run
@@ -92,22 +92,26 @@ def load(run: str | Path, device: str = "cpu", data: str | Path | None = None) -
 
 def generate(
     run: LoadedRun | tuple[GPT, Tokenizer, dict[str, Any]] | str | Path,
-    prompt: str,
+    prompt: str | list[str],
     *,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int | None = None,
     seed: int = 0,
-) -> str:
+) -> str | list[str]:
     """`prompt` and its continuation, as `octlm generate` prints it: greedy at temperature 0,
     else sampled with top-k from a generator seeded with `seed` (the same text every time).
-    `run` is what `load` returned (or its three parts), or a path to load first."""
-    _check_sampling(prompt, max_new_tokens, temperature, top_k, seed)
+    A list of prompts is decoded as one batch and gives a list of texts, each the one its
+    prompt gets alone (`octlm generate --prompts`). `run` is what `load` returned (or its
+    three parts), or a path to load first."""
+    prompts = prompt if isinstance(prompt, list) else [prompt]
+    _check_sampling(prompts, max_new_tokens, temperature, top_k, seed)
     loaded = _loaded(run)
     sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
-    return generate_text(
-        loaded.model, loaded.tokenizer, prompt, max_new_tokens=max_new_tokens, **sampling
+    texts = generate_texts(
+        loaded.model, loaded.tokenizer, prompts, max_new_tokens=max_new_tokens, **sampling
     )
+    return texts if isinstance(prompt, list) else texts[0]
 
 
 def _loaded(run: Any) -> LoadedRun:
@@ -124,12 +128,13 @@ def _loaded(run: Any) -> LoadedRun:
 
 
 def _check_sampling(
-    prompt: Any, max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any
+    prompts: list[Any], max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any
 ) -> None:
     """The CLI's checks of the sampling settings (its messages), and the types and bounds that
     argparse sees to on the command line, before anything is loaded."""
-    if not isinstance(prompt, str):
-        raise OctlmError(f"prompt={checks.shown(prompt)} must be a string", "pass the text")
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        shown = checks.shown(prompts if len(prompts) != 1 else prompts[0])
+        raise OctlmError(f"prompt={shown} must be a string or a list of them", "pass the text")
     numbers = checks.is_int(max_new_tokens) and isinstance(temperature, int | float)
     if numbers and (top_k is None or checks.is_int(top_k)):
         check_sampling(max_new_tokens, temperature, top_k)  # the seed: checked below, by name

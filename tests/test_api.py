@@ -113,6 +113,9 @@ def test_train_returns_the_run_and_takes_overrides(tiny_dataset: Path, tmp_path:
     first = octlm.generate(result.out, "the", max_new_tokens=8, temperature=1.0, top_k=5, seed=3)
     again = octlm.generate((model, tokenizer, meta), "the", max_new_tokens=8, seed=3)
     assert first.startswith("the") and again.startswith("the")
+    kw = {"max_new_tokens": 8, "temperature": 1.0, "top_k": 5, "seed": 3}
+    batch = octlm.generate(result.out, ["the", "And so the king"], **kw)  # one batch
+    assert batch == [first, octlm.generate(result.out, "And so the king", **kw)]
     with pytest.raises(OctlmError, match="already holds a run"):
         octlm.train(cfg)
 
@@ -216,6 +219,8 @@ BAD_CALLS = {
     "load_device_int": (lambda run: octlm.load(run, device=0), "device=0 must be a non-empty"),
     "load_data_empty": (lambda run: octlm.load(run, data=""), "data='' must be a non-empty path"),
     "generate_bytes_prompt": (lambda run: octlm.generate(run, b"x"), "prompt=b'x' must be a str"),
+    "generate_empty_list": (lambda run: octlm.generate(run, []), "prompt=[] must be a string"),
+    "generate_list_of_int": (lambda run: octlm.generate(run, ["a", 1]), "prompt=['a', 1] must"),
     "generate_string_count": (
         lambda run: octlm.generate(run, "x", max_new_tokens="5"),
         "max_new_tokens='5' must be an integer from 0",
