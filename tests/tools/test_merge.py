@@ -60,9 +60,8 @@ def test_named_files_with_weights(run, tmp_path) -> None:
 
 def test_the_merge_folder_is_read_like_a_run(run, tiny_dataset, tmp_path) -> None:
     out = tmp_path / "merged"
-    digest = json.loads(
-        (octlm("merge", str(run), "--last", "2", "-o", str(out)) and out / "merge.json").read_text()
-    )["weights_sha256"]
+    octlm("merge", str(run), "--last", "2", "-o", str(out))
+    digest = json.loads((out / "merge.json").read_text())["weights_sha256"]
     assert octlm("hash", str(out)).stdout.split()[0] == digest
     evals = [octlm("eval", str(folder), "--batches", "2").stdout for folder in (out, run)]
     assert "bpb" in evals[0] and evals[0].split(":")[1] != evals[1].split(":")[1]
