@@ -3,7 +3,8 @@ the whole context again.
 
 `KVCache` holds, per layer, the keys and values (after q/k norm and RoPE) of every position
 seen so far, preallocated to the model's context. `forward_cached` is `GPT.forward` without
-targets for the next `T` tokens of each row: the same modules in the same order, the queries
+targets for the next `T` tokens of each row: the same modules in the same order (the
+projections are `Attention.qkv`, the head `GPT.output`, as in the full forward), the queries
 of the new positions attending over the cached keys. The arithmetic is the full forward's
 with other matrix shapes, so logits agree to float rounding, not bit for bit; greedy and
 seeded sampled tokens match the uncached path (tests/test_kvcache.py).
@@ -16,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from octlm.model import GPT, Attention
-from octlm.positions import apply_rope
 
 
 class KVCache:
@@ -63,13 +63,7 @@ def forward_cached(
         h = h + _attend(layer.attention, x, cos, sin, cache, i, start, mask)
         h = h + layer.feed_forward(layer.ffn_norm(h))
     cache.length = end
-    if last_only:
-        h = h[:, -1:]
-    logits = F.linear(model.norm(h), model.tok_embeddings.weight)
-    if model.config.logit_softcap > 0:
-        cap = model.config.logit_softcap
-        logits = cap * torch.tanh(logits.float() / cap)
-    return logits
+    return model.output(h[:, -1:] if last_only else h)
 
 
 def padded_causal_mask(pad: Tensor, start: int, end: int) -> Tensor:
@@ -94,12 +88,7 @@ def _attend(
 ) -> Tensor:
     """`Attention.forward` for positions start.. of each row, over the cached ones before."""
     B, T, _ = x.shape
-    q = attn.wq(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-    k = attn.wk(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-    v = attn.wv(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-    if attn.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k, v = attn.qkv(x, cos, sin)
     end = start + T
     cache.keys[layer][:, :, start:end] = k
     cache.values[layer][:, :, start:end] = v

@@ -188,14 +188,20 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.qk_norm = config.qk_norm
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, H, T, D), keys and values (B, KV, T, D) of `x`, q and k normed (with
+        qk_norm) and rotated: what the forward and the cached decoding (kvcache.py) attend with."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
         dropout_p = self.dropout_p if self.training else 0.0
         # enable_gqa lets sdpa share each kv head across n_heads // n_kv_heads query heads.
         if mask is None:
@@ -316,11 +322,7 @@ class GPT(nn.Module):
                 h = checkpoint(layer, h, cos, sin, mask, use_reentrant=False)
             else:
                 h = layer(h, cos, sin, mask)
-        h = self.norm(h)
-        logits = F.linear(h, self.tok_embeddings.weight)  # (B, T, V), tied output layer
-        if self.config.logit_softcap > 0:
-            cap = self.config.logit_softcap  # in float32: tanh near its knee wants the precision
-            logits = cap * torch.tanh(logits.float() / cap)
+        logits = self.output(h)
         if targets is None:
             return logits
         if targets.shape != inputs.shape:
@@ -328,6 +330,15 @@ class GPT(nn.Module):
                 f"targets shape {tuple(targets.shape)} != inputs shape {tuple(inputs.shape)}"
             )
         return lm_loss(logits, targets, z_loss)
+
+    def output(self, h: Tensor) -> Tensor:
+        """Logits (B, T, V) of the last block's hidden states: the final norm, the tied output
+        layer, and the soft cap when set."""
+        logits = F.linear(self.norm(h), self.tok_embeddings.weight)  # tied output layer
+        if self.config.logit_softcap > 0:
+            cap = self.config.logit_softcap  # in float32: tanh near its knee wants the precision
+            logits = cap * torch.tanh(logits.float() / cap)
+        return logits
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count; the tied embedding/output matrix is counted once."""
