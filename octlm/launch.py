@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,11 @@ NOTES_ENV = "OCTLM_LAUNCH_NOTES"
 """A folder of this launcher's where a worker leaves a note before it prints its error line."""
 REQUEUE_SIGNALS = ("SIGTERM", "SIGUSR1")
 """Stops a scheduler sends before it takes the nodes away; SIGINT is a person's, not requeued."""
+STOP_RECORD_WAIT_S = 60.0
+"""How long a signalled launcher waits for the log's stop record. Rank 0 writes it after its
+checkpoint, so a launcher on another node can see its own workers end first: without the wait
+it read the log too early and exited 128 + signal instead of the requeue code (seen once in
+the Slurm test), and the job failed instead of requeueing."""
 # The agent stops its workers on these and passes the signal on; torch's default list lacks
 # SIGUSR1, whose default action would kill the agent and orphan its workers.
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
@@ -173,7 +179,7 @@ def _run_agent(
     except ChildFailedError as exc:
         return failure_exit_code(exc, spec)
     except SignalException as exc:  # the workers were passed the signal and have stopped
-        code = _stopped_code(out, requeue_exit_code)
+        code = stopped_code(out, requeue_exit_code, wait_s=STOP_RECORD_WAIT_S)
         return code if code is not None else 128 + int(exc.sigval)
     except Exception as exc:  # the rendezvous: a wrong endpoint, a peer that never came
         if any(notes.iterdir()):
@@ -185,7 +191,7 @@ def _run_agent(
             "check --rdzv-endpoint (reachable from every node, the port free) and that every "
             "node was started",
         ) from None
-    code = _stopped_code(out, requeue_exit_code)
+    code = stopped_code(out, requeue_exit_code)
     return code if code is not None else 0
 
 
@@ -216,22 +222,35 @@ def failure_exit_code(exc, spec: Launch) -> int:
     return code  # the worker printed its own error (a one-line octlm error or a traceback)
 
 
-def _stopped_code(out: Path, requeue_exit_code: int | None) -> int | None:
-    """`requeue_exit_code` when the run in `out` last stopped on a scheduler's signal."""
+def stopped_code(out: Path, requeue_exit_code: int | None, wait_s: float = 0.0) -> int | None:
+    """`requeue_exit_code` when the run in `out` last stopped on a scheduler's signal, waiting
+    up to `wait_s` for the log's last record to be a stop or an end (whatever its reason)."""
     if requeue_exit_code is None:
         return None
-    return requeue_exit_code if stopped_by_scheduler(out) else None
+    deadline = time.monotonic() + wait_s
+    last = _last_record(out)
+    while last.get("event") != "stop" and last.get("type") != "end":
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+        last = _last_record(out)
+    return requeue_exit_code if _scheduler_stop(last) else None
 
 
 def stopped_by_scheduler(out: Path) -> bool:
     """Whether the run's log ends with a stop on SIGTERM or SIGUSR1."""
+    return _scheduler_stop(_last_record(out))
+
+
+def _scheduler_stop(record: dict) -> bool:
+    return record.get("event") == "stop" and record.get("reason") in REQUEUE_SIGNALS
+
+
+def _last_record(out: Path) -> dict:
     from octlm.runlog import LOG_NAME, read_log
 
-    if not (out / LOG_NAME).is_file():
-        return False
-    records = read_log(out)
-    last = records[-1] if records else {}
-    return last.get("event") == "stop" and last.get("reason") in REQUEUE_SIGNALS
+    records = read_log(out) if (out / LOG_NAME).is_file() else []
+    return records[-1] if records else {}
 
 
 def exit_without_finalising(code: int) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from octlm.launch import (
     Launch,
     failure_exit_code,
     stopped_by_scheduler,
+    stopped_code,
     worker_argv,
 )
 from octlm.trainer.distributed import DistInfo, peer_failure
@@ -167,3 +169,30 @@ def test_gloo_failures_caused_by_a_peer_are_one_line(text, words) -> None:
     lost = peer_failure(RuntimeError(text), DistInfo(rank=1, world=2), 3, 4.0)
     assert lost is not None and lost.message.startswith("rank 1, after step 3: " + words)
     assert peer_failure(RuntimeError("shape mismatch"), DistInfo(rank=1, world=2), 3, 4.0) is None
+
+
+def test_a_signalled_launcher_waits_for_the_stop_record_another_node_writes(tmp_path) -> None:
+    """Rank 0, on another node, writes the stop record after its checkpoint: a launcher whose
+    own worker ended first must still exit with the requeue code, not 128 + signal."""
+    head = {"type": "header", "log_schema": 2}
+    stop = {"type": "event", "event": "stop", "step": 3, "reason": "SIGUSR1"}
+    (tmp_path / "log.jsonl").write_text(json.dumps(head) + "\n")
+
+    def rank0_writes_later() -> None:
+        time.sleep(0.5)
+        with open(tmp_path / "log.jsonl", "a") as f:
+            f.write(json.dumps(stop) + "\n")
+
+    writer = threading.Thread(target=rank0_writes_later)
+    writer.start()
+    assert stopped_code(tmp_path, 3) is None  # without the wait: too early
+    assert stopped_code(tmp_path, 3, wait_s=30.0) == 3
+    writer.join()
+    assert stopped_code(tmp_path, None, wait_s=30.0) is None  # no requeue code asked for
+    (tmp_path / "log.jsonl").write_text(json.dumps(head) + "\n")
+    t0 = time.monotonic()
+    assert stopped_code(tmp_path, 3, wait_s=0.3) is None  # no stop: gives up at the bound
+    person = {**stop, "reason": "SIGINT"}  # a person's stop is there at once: no waiting
+    (tmp_path / "log.jsonl").write_text(json.dumps(head) + "\n" + json.dumps(person) + "\n")
+    assert stopped_code(tmp_path, 3, wait_s=30.0) is None
+    assert time.monotonic() - t0 < 5
