@@ -1,12 +1,14 @@
 """Can the data side keep up? The loader against training, and prepare against raw tokenizing.
 
     .venv/bin/python -m bench.data_rate [--rounds 3] [--part all|loader|tokenize]
+        [--packing stream|bos]
 
 1. Micro-batches/s that `Sampler.batch` delivers from the memmapped demo shards for the small
    run's micro-batches (16 x 1024 tokens, accumulation 32: the seed's small.toml), against the
    micro-batches/s training consumes: one forward/backward of the small shape (vocabulary 4096,
    fp32, CPU) on a real 16 x 1024 micro-batch, timed in the same round. Also against the seed's
    GPU rate (small.toml: ~99,500 tokens/s = 6.07 micro-batches/s; quoted, not measured here).
+   `--packing bos` reads BOS-aligned rows (`octlm.data.bos`) instead of stream windows.
 2. Tokens/s of `octlm.prepare.text` on the embedded corpus with the demo tokenizer (reading
    and splitting the documents, encoding, writing and hashing the shards, the manifest), with
    its fast encoder (octlm.tokenizer.fastbpe) and with OCTLM_ENCODER=hf, against HF tokenizers'
@@ -33,6 +35,8 @@ from pathlib import Path
 import tokenizers
 import torch
 
+from octlm.data.bos import BosRows
+from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows
@@ -184,13 +188,31 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--accum", type=int, default=32)
+    ap.add_argument(
+        "--packing",
+        choices=("stream", "bos"),
+        default="stream",
+        help="the loader's rows: stream windows at any offset, or BOS-aligned rows (--packing bos)",
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="with --packing bos: keep no block, so every row deals its block afresh (the cost "
+        "on a corpus far larger than the cache, where a random row's block is rarely kept)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     data = Path(args.data)
     ds = ShardDataset.open(data)
     vocab = ds.manifest["tokenizer"]["vocab_size"]
+    if args.packing == "bos":
+        eos = dataset_tokenizer(ds).eos_id
+        cache = {"cached_blocks": 0} if args.cold else {}
+        windows = BosRows(ds.train, args.context, eos, ds.fingerprint, **cache)
+    else:
+        windows = StreamWindows(ds.train, args.context, 1, ds.fingerprint)  # the random order's
     sampler = Sampler(
-        StreamWindows(ds.train, args.context, 1, ds.fingerprint),  # the random order's windows
+        windows,
         seed=1337,
         context=args.context,
         micro_batch=args.micro_batch,
@@ -211,7 +233,9 @@ def main() -> None:
     loading, tokenizing = args.part in ("all", "loader"), args.part in ("all", "tokenize")
 
     print(
-        f"threads {torch.get_num_threads()}; micro-batch {args.micro_batch} x {args.context}, "
+        f"threads {torch.get_num_threads()}; {args.packing} rows{' (cold)' if args.cold else ''}; "
+        f"micro-batch {args.micro_batch} "
+        f"x {args.context}, "
         f"accum {args.accum}; small shape at vocabulary {vocab} ({flops / 1e6:.0f} MFLOP/token); "
         f"corpus {len(texts)} documents, {n_bytes / 1e6:.2f} MB"
     )

@@ -5,24 +5,37 @@ per-example attention mask costs in step time.
 
     python -m bench.packing_waste                # the waste table (counting only: any machine)
     python -m bench.packing_waste --part speed   # masked vs plain causal step, interleaved
+    python -m bench.packing_waste --part bos     # pretraining rows: BOS-aligned, carry vs crop
 
 Length mixes: the embedded plays cut into real prompt/completion pairs (a speech and the reply
 to it, tokenised with the tiny tokenizer), their short form (a line and a one-line reply), and
 two log-normal mixes shaped like instruction-tuning sets (medians and spreads given below: a
 stand-in, no such set is on this machine).
+
+`--part bos` counts, for pretraining documents, what `--packing bos` (`octlm.data.bos`: rows
+start at documents, what does not fit is carried into later rows) reads and what cropping would
+drop (nanochat's BOS best-fit: the longest document in a buffer of 1,000 that fits the room
+left, and when none fits, the shortest cropped to the room, its rest dropped). Corpora: the
+embedded plays as prepared (4096 BPE: whole plays, tens of thousands of tokens each), their
+speeches as documents (tens of tokens), and a log-normal stand-in for web text (median 400
+tokens, spread x/÷2.5).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import statistics
 import time
 
 import numpy as np
 import torch
 
+from octlm.data.bos import BosRows
 from octlm.data.dataset_tokenizer import tokenizer_at
 from octlm.data.packing import pack, waste_shares
+from octlm.data.shards import ShardDataset, TokenStream
 from octlm.model import GPT, preset
 from octlm.prepare.corpus import embedded_documents
 from octlm.prepare.text import embedded_dataset
@@ -115,6 +128,72 @@ def waste_table() -> None:
     print(f"pack() of 50,000 examples at T=1024: {time.perf_counter() - t0:.2f} s")
 
 
+def crop_share(lengths: np.ndarray, capacity: int, buffer: int = 1000) -> float:
+    """Share of the tokens that BOS best-fit with cropping drops (see the module docstring)."""
+    pending = iter(lengths.tolist())
+    pool: list[int] = []
+    dropped = 0
+    while True:
+        room = capacity
+        while room:
+            pool.extend(itertools.islice(pending, buffer - len(pool)))
+            if not pool:
+                return dropped / int(lengths.sum())
+            pool.sort()
+            j = bisect.bisect_right(pool, room) - 1
+            if j >= 0:
+                room -= pool.pop(j)
+            else:  # nothing fits: the shortest document, cropped to the room
+                dropped += pool.pop(0) - room
+                room = 0
+
+
+def documents_stream(lengths: np.ndarray) -> TokenStream:
+    """Documents of `lengths` tokens, each ending with EOS (1); what they hold is not read."""
+    tokens = np.full(int(lengths.sum()), 3, dtype=np.uint16)
+    tokens[np.cumsum(lengths) - 1] = 1
+    return TokenStream([tokens])
+
+
+def document_lengths() -> dict[str, np.ndarray]:
+    tok = tokenizer_at(embedded_dataset(4096) / "tokenizer.json")
+    plays = ShardDataset.open(embedded_dataset(4096)).train
+    ends = np.flatnonzero(np.asarray(plays.window(0, len(plays))) == tok.eos_id)
+    texts = ["\n".join(b) for play in speeches() for b in play]
+    return {
+        "embedded plays (train split)": np.diff(np.concatenate(([-1], ends))),
+        "speeches of the plays": np.array([len(x) + 2 for x in tok.encode_batch(texts)]),
+        "log-normal 400 x/÷2.5 (web-like)": np.exp(
+            np.random.default_rng(0).normal(np.log(400), 0.9, 20_000)
+        ).astype(np.int64)
+        + 2,
+    }
+
+
+def bos_table() -> None:
+    print(
+        "pretraining rows of T + 1 tokens: --packing bos (carry) against cropping; shares of "
+        "the corpus's tokens, and of rows"
+    )
+    columns = ("T", "docs", "median", "crop drops", "bos drops", "bos pads", "rows@doc", "max")
+    print(f"{'corpus':34s} " + " ".join(f"{c:>10s}" for c in columns))
+    for name, lengths in document_lengths().items():
+        stream = documents_stream(lengths)
+        for T in CONTEXTS:
+            rows = BosRows(stream, T, 1, "bench", cached_blocks=0)
+            n_blocks = -(-len(rows) // rows.rows_per_block)
+            at_doc = np.concatenate([rows.block(b).at_start for b in range(n_blocks)])
+            unread = (len(stream) - len(rows) * (T + 1)) / len(stream)
+            possible = min(1.0, len(lengths) / len(rows))
+            cells = (
+                f"{T:10d} {len(lengths):10,d} {int(np.median(lengths)):10d} "
+                f"{crop_share(lengths, T + 1):10.1%} {unread:10.2%} {0:10.1%} "
+                f"{at_doc.mean():10.1%} {possible:10.1%}"
+            )
+            print(f"{name:34s} {cells}")
+    print("rows@doc: rows that start at a document; max: documents / rows, the most possible")
+
+
 def speed(rounds: int, context: int, micro_batch: int) -> None:
     """Forward + backward of the tiny model on one batch, plain causal vs segment-masked
     (4 examples a row), interleaved A/B; paired median of the ratios."""
@@ -141,13 +220,15 @@ def speed(rounds: int, context: int, micro_batch: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("waste", "speed"), default="waste")
+    parser.add_argument("--part", choices=("waste", "speed", "bos"), default="waste")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=8)
     args = parser.parse_args()
     if args.part == "waste":
         waste_table()
+    elif args.part == "bos":
+        bos_table()
     else:
         speed(args.rounds, args.context, args.micro_batch)
 

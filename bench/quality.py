@@ -589,8 +589,11 @@ class Bench:
 
     def round(self, side: Side, r: int) -> dict:
         out = self.work / "runs" / f"r{r}-{side.name}"
-        probe_ms, extra_s = self.probe(side, out)
-        steps = size_steps(self.args.budget, probe_ms, extra_s)
+        if self.args.steps is not None:  # equal steps: no probe, the same count for every side
+            probe_ms, extra_s, steps = math.nan, math.nan, self.args.steps
+        else:
+            probe_ms, extra_s = self.probe(side, out)
+            steps = size_steps(self.args.budget, probe_ms, extra_s)
         if side.is_octlm:
             seed = SEED + r if self.args.vary_seed else None
             records, wall, config = self.octlm_run(side, steps, octlm_warmup(steps), out, seed=seed)
@@ -731,7 +734,8 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
     if checkout is not None:
         sides += [Side(NANOGPT_SIDES[m], m) for m in modes]
     print(
-        f"budget {args.budget:.0f} s per run, {args.rounds} rounds, {args.threads} threads; "
+        (f"{args.steps} steps per run" if args.steps else f"budget {args.budget:.0f} s per run")
+        + f", {args.rounds} rounds, {args.threads} threads; "
         f"shape {Shape()}; held-out: {len(data.heldout_ids)} documents "
         f"({', '.join(data.heldout_ids)}), {data.heldout_bytes:,} bytes, "
         f"{len(data.bpe_heldout):,} BPE tokens"
@@ -771,7 +775,8 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
     print_summary(result)
     return {
         "config": {
-            "budget_s": args.budget,
+            "budget_s": None if args.steps else args.budget,
+            "steps": args.steps,
             "rounds": args.rounds,
             "threads": args.threads,
             "mode": args.mode,
@@ -806,6 +811,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout (omit: octlm variants only)")
     ap.add_argument("--mode", choices=("bpe", "char", "both"), default="both")
     ap.add_argument("--budget", type=float, default=240.0, help="training seconds per run")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        help="equal steps instead of equal time: every run trains this many steps, no probe "
+        "(for tuning: the scores then do not depend on the machine's load)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for every side")
     ap.add_argument(
@@ -838,6 +849,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.budget <= 0 or args.rounds < 1 or args.threads < 1:
         sys.exit("bench: --budget, --rounds and --threads must be positive")
+    if args.steps is not None and args.steps < 1:
+        sys.exit("bench: --steps must be positive")
     if args.probe_steps <= PROBE_DROP:
         sys.exit(f"bench: --probe-steps must be more than {PROBE_DROP}")
     if args.score_bytes is not None and args.score_bytes < 2:

@@ -17,18 +17,20 @@ from octlm import checks
 from octlm.config_checks import (
     CHANGE_IT,
     DEVICE_PATTERN,
+    MUON_DEFAULTS,
     ConfigError,
+    check_optimizer,
+    check_packing,
+    check_schedule,
     field_rule,
     named_settings_only,
+    require,
 )
 from octlm.hashing import sha256_json
 from octlm.shape import SHAPE_KEYS, memory_problem, resolve_shape, shape_problem
 
 DTYPES = ("fp32", "bf16", "fp16")
 ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
-SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.trainer.schedule)
-OPTIMIZERS = ("adamw", "muon")  # octlm.trainer.optim
-DECAY_SHAPES = ("linear", "1-sqrt")
 FUSED_DEFAULT = True
 """`fused` of a new run that leaves it unset (False before octlm used fused AdamW by default)."""
 
@@ -122,10 +124,10 @@ class TrainConfig:
     optimizer: str = _new_trajectory("adamw")
     """adamw, or muon: Muon (momentum, then Newton-Schulz orthogonalisation) for the blocks'
     2-D weight matrices, AdamW with the settings above for the embedding and the norm gains."""
-    muon_lr: float = _new_trajectory(0.02)
+    muon_lr: float = _new_trajectory(MUON_DEFAULTS["muon_lr"])
     """--optimizer muon: peak learning rate of the Muon matrices (the schedule scales it as it
     scales --lr); each matrix's update is scaled up by sqrt(max(1, rows / cols))."""
-    muon_momentum: float = _new_trajectory(0.95)
+    muon_momentum: float = _new_trajectory(MUON_DEFAULTS["muon_momentum"])
     """--optimizer muon: Nesterov momentum of the Muon matrices."""
     z_loss: float = _new_trajectory(0.0)
     """Weight of the z-loss, the mean of log(Z)^2 over targets (Z: the softmax's normaliser),
@@ -140,6 +142,12 @@ class TrainConfig:
     """Training data order: random (windows at any offset, drawn afresh each step) or epoch
     (every aligned block of context + 1 tokens once per epoch, shuffled per epoch); on
     prompt/completion data, packed windows drawn with replacement, or each once per epoch."""
+    packing: str = _new_trajectory("stream")
+    """How pretraining text becomes rows: stream (windows of the token stream at any offset)
+    or bos (rows that start at a document wherever the data allows, filled best-fit;
+    docs/data.md)."""
+    doc_mask: bool = _new_trajectory(False)
+    """With --packing bos: attention and RoPE positions stay inside each document of a row."""
     init_from: str | None = _new_trajectory(None)
     """Start from these weights (an octlm run folder or checkpoint file, or a Hugging Face
     LlamaForCausalLM or Qwen3ForCausalLM folder), whose shape the model takes; fresh optimizer,
@@ -217,38 +225,39 @@ class TrainConfig:
         self._check_fields()
         from octlm.model import PRESETS  # lazy: the CLI parser must not pay for importing torch
 
-        _check(self.model in PRESETS, f"model {self.model!r} is unknown", f"use {sorted(PRESETS)}")
-        _check(
+        require(self.model in PRESETS, f"model {self.model!r} is unknown", f"use {sorted(PRESETS)}")
+        require(
             self.parallel in ("ddp", "fsdp"),
             f"parallel {self.parallel!r} is unknown",
             "use ddp or fsdp",
         )
-        _check(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
-        _check(self.order in ORDERS, f"order {self.order!r} is unknown", f"use one of {ORDERS}")
-        self._check_optimizer()
-        _check(
+        require(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
+        require(self.order in ORDERS, f"order {self.order!r} is unknown", f"use one of {ORDERS}")
+        check_optimizer(self.optimizer, self.muon_lr, self.muon_momentum)
+        check_packing(self.packing, self.doc_mask, self.blocks)
+        require(
             re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"device {self.device!r} is unknown",
             "use cpu, cuda, cuda:N, mps or auto",
         )
         for name in (self.log_to or "").split(","):
-            _check(
+            require(
                 name.strip() in TRACKERS + ("",),
                 f"log_to names an unknown tracker {name.strip()!r}",
                 f"use a comma-separated list of {', '.join(TRACKERS)}",
             )
-        _check(
+        require(
             self.warmup <= self.steps,
             f"warmup={self.warmup} is longer than steps={self.steps}",
             "use --warmup at most --steps",
         )
         if self.stop_at is not None:
-            _check(
+            require(
                 self.stop_at <= self.steps,
                 f"stop_at={self.stop_at} must be between 1 and steps={self.steps}",
             )
         preset = PRESETS[self.model]
-        _check(
+        require(
             self.context <= preset.context,
             f"context {self.context} exceeds the {self.model} model's {preset.context}",
             f"use --context {preset.context} or less",
@@ -263,9 +272,9 @@ class TrainConfig:
             problem = memory_problem(shape, vocab_size=vocab, parallel=self.parallel, **sizes)
         if problem is not None:
             raise ConfigError(*problem)
-        self._check_schedule()
+        check_schedule(self.schedule, self.decay_steps, self.decay_shape, self.steps, self.warmup)
         bad = self.profile_steps is not None and self.profile_window is None
-        _check(not bad, f"profile_steps {self.profile_steps!r} is not A:B, 1 <= A <= B <= steps")
+        require(not bad, f"profile_steps {self.profile_steps!r} is not A:B, 1 <= A <= B <= steps")
 
     @property
     def profile_window(self) -> tuple[int, int] | None:
@@ -285,49 +294,6 @@ class TrainConfig:
                 raise ConfigError(problem, CHANGE_IT)
             if isinstance(value, float) and value == 0:  # -0.0 is the same run as 0.0
                 object.__setattr__(self, name, 0.0)
-
-    def _check_optimizer(self) -> None:
-        _check(
-            self.optimizer in OPTIMIZERS,
-            f"optimizer {self.optimizer!r} is unknown",
-            f"use one of {OPTIMIZERS}",
-        )
-        if self.optimizer != "muon":
-            for key in ("muon_lr", "muon_momentum"):
-                _check(
-                    getattr(self, key) == OMITTED_AT_DEFAULT[key],
-                    f"{key} is for --optimizer muon, not {self.optimizer}",
-                    f"add --optimizer muon, or drop --{key.replace('_', '-')}",
-                )
-
-    def _check_schedule(self) -> None:
-        _check(
-            self.schedule in SCHEDULES, f"schedule {self.schedule!r} is unknown", f"use {SCHEDULES}"
-        )
-        _check(
-            self.decay_shape in DECAY_SHAPES,
-            f"decay_shape {self.decay_shape!r} is unknown",
-            f"use one of {DECAY_SHAPES}",
-        )
-        if self.schedule != "wsd":
-            _check(
-                self.decay_steps is None and self.decay_shape == "linear",
-                f"decay_steps and decay_shape are for --schedule wsd, not {self.schedule}",
-                "add --schedule wsd, or drop --decay-steps and --decay-shape",
-            )
-            return
-        span = self.steps - self.warmup
-        _check(
-            self.decay_steps is not None,
-            "--schedule wsd needs --decay-steps",
-            "add --decay-steps N",
-        )
-        _check(
-            self.decay_steps <= span,
-            f"decay_steps={self.decay_steps!r} does not fit the {span} steps after warmup "
-            f"(steps {self.steps} - warmup {self.warmup})",
-            f"use --decay-steps between 1 and {span}",
-        )
 
     def shape(self) -> dict[str, Any]:
         """The model's resolved shape: the preset's values under the ones this config sets."""
@@ -388,11 +354,6 @@ OMITTED_AT_DEFAULT = {
 OPTIONAL_KEYS = frozenset(f.name for f in fields(TrainConfig) if "None" in str(f.type))
 # The shape keys are checked once resolved (shape.shape_problem).
 FIELD_RULES = {f.name: field_rule(f) for f in fields(TrainConfig) if f.name not in SHAPE_KEYS}
-
-
-def _check(ok: bool, problem: str, fix: str = CHANGE_IT) -> None:
-    if not ok:
-        raise ConfigError(problem, fix)
 
 
 def config_keys() -> list[str]:

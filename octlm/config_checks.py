@@ -35,10 +35,74 @@ RANGES: dict[str, checks.Int | checks.Number] = {
     "dist_timeout": checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True),
 }
 PATH_KEYS = ("out", "data", "init_from", "blocks")
+SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.trainer.schedule)
+OPTIMIZERS = ("adamw", "muon")  # octlm.trainer.optim
+MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95}
+"""TrainConfig's defaults of the Muon keys (its fields take them from here)."""
+DECAY_SHAPES = ("linear", "1-sqrt")
+PACKINGS = ("stream", "bos")  # pretraining rows (octlm.data.windows, octlm.data.bos)
 
 
 class ConfigError(OctlmError):
     """A bad setting in a TOML file or on the command line."""
+
+
+def require(ok: bool, problem: str, fix: str = CHANGE_IT) -> None:
+    if not ok:
+        raise ConfigError(problem, fix)
+
+
+def check_optimizer(optimizer: str, muon_lr: float, muon_momentum: float) -> None:
+    require(
+        optimizer in OPTIMIZERS, f"optimizer {optimizer!r} is unknown", f"use one of {OPTIMIZERS}"
+    )
+    if optimizer != "muon":
+        for key, value in (("muon_lr", muon_lr), ("muon_momentum", muon_momentum)):
+            require(
+                value == MUON_DEFAULTS[key],
+                f"{key} is for --optimizer muon, not {optimizer}",
+                f"add --optimizer muon, or drop --{key.replace('_', '-')}",
+            )
+
+
+def check_packing(packing: str, doc_mask: bool, blocks: str | None) -> None:
+    require(packing in PACKINGS, f"packing {packing!r} is unknown", f"use one of {PACKINGS}")
+    require(
+        not doc_mask or packing == "bos",
+        "--doc-mask masks the documents of --packing bos rows, and this run packs none",
+        "add --packing bos, or drop --doc-mask",
+    )
+    require(
+        packing == "stream" or blocks is None,
+        "--packing bos reads a prepared --data, not the --blocks text",
+        "drop --blocks, or --packing",
+    )
+
+
+def check_schedule(
+    schedule: str, decay_steps: int | None, decay_shape: str, steps: int, warmup: int
+) -> None:
+    require(schedule in SCHEDULES, f"schedule {schedule!r} is unknown", f"use {SCHEDULES}")
+    require(
+        decay_shape in DECAY_SHAPES,
+        f"decay_shape {decay_shape!r} is unknown",
+        f"use one of {DECAY_SHAPES}",
+    )
+    if schedule != "wsd":
+        require(
+            decay_steps is None and decay_shape == "linear",
+            f"decay_steps and decay_shape are for --schedule wsd, not {schedule}",
+            "add --schedule wsd, or drop --decay-steps and --decay-shape",
+        )
+        return
+    span = steps - warmup
+    require(decay_steps is not None, "--schedule wsd needs --decay-steps", "add --decay-steps N")
+    require(
+        decay_steps <= span,
+        f"decay_steps={decay_steps!r} does not fit the {span} steps after warmup "
+        f"(steps {steps} - warmup {warmup})",
+        f"use --decay-steps between 1 and {span}",
+    )
 
 
 def field_rule(field: dataclasses.Field) -> checks.Int | checks.Number | checks.Bool | checks.Text:

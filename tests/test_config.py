@@ -489,3 +489,17 @@ def test_the_memory_rule_leaves_data_and_init_from_their_own_vocabulary(monkeypa
         TrainConfig(**small)
     assert TrainConfig(**small, data="some/dataset").data == "some/dataset"  # 9.5M at 256
     assert TrainConfig(**small, init_from="runs/base").init_from == "runs/base"
+
+
+def test_bos_packing_and_the_doc_mask_join_the_fingerprint_and_need_each_other() -> None:
+    base = TrainConfig(model="tiny", context=64)
+    bos = base.replace(packing="bos")
+    masked = bos.replace(doc_mask=True)
+    assert "packing" not in base.trajectory() and "doc_mask" not in base.trajectory()
+    assert len({c.fingerprint_for(1) for c in (base, bos, masked)}) == 3
+    with pytest.raises(ConfigError, match="--doc-mask masks the documents of --packing bos"):
+        base.replace(doc_mask=True)
+    with pytest.raises(ConfigError, match="packing 'best' is unknown"):
+        base.replace(packing="best")
+    with pytest.raises(ConfigError, match="--packing bos reads a prepared --data"):
+        bos.replace(blocks="text.txt")

@@ -1,6 +1,7 @@
 """What a run reads, built from its config: the windows of each split (`windows`: packed
-prompt/completion examples, the --blocks text's in-memory blocks, or windows of a token
-stream), the training sampler over them (its data order, --order) and the fixed validation set."""
+prompt/completion examples, the --blocks text's in-memory blocks, BOS-aligned rows, or windows
+of a token stream), the training sampler over them (its data order, --order) and the fixed
+validation set."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from octlm.config import TrainConfig
 from octlm.data.blocks import TokenBlocks, make_blocks
+from octlm.data.bos import BosRows
 from octlm.data.order import Sampler
 from octlm.data.packed import PackedWindows
 from octlm.data.packing import LOSS_MASK_VERSION
@@ -25,11 +27,20 @@ def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split
     examples (prompt/completion data), the --blocks blocks (train), else windows of the split's
     token stream. The training windows' `fingerprint` is the run's data fingerprint."""
     if dataset.masked:
+        if cfg.packing != "stream":
+            raise OctlmError(
+                f"{dataset.root} holds prompt/completion examples, which are packed already",
+                "drop --packing and --doc-mask",
+            )
         return packed_split(cfg, dataset, split)
+    # Validation reads the same windows whatever the packing, so that runs with and without
+    # it are scored on the same tokens.
     if split == "val":  # scored in order, disjoint targets: window j starts at token j * T
         return StreamWindows(dataset.val, cfg.context, cfg.context, dataset.fingerprint)
     if cfg.blocks:
         return train_blocks(cfg, tokenizer)
+    if cfg.packing == "bos":
+        return bos_rows(cfg, dataset, tokenizer)
     # Which windows exist is part of the data order (docs/training-order.md): "random" draws
     # a window at any offset, "epoch" each aligned block of T + 1 tokens once per epoch, and
     # --overfit-blocks memorises the first N such blocks.
@@ -42,6 +53,19 @@ def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split
             "use more data or a shorter --context",
         )
     return found
+
+
+def bos_rows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer) -> BosRows:
+    """The training stream's BOS-aligned rows (--packing bos)."""
+    rows = BosRows(
+        dataset.train, cfg.context, tokenizer.eos_id, dataset.fingerprint, doc_mask=cfg.doc_mask
+    )
+    if len(rows) < max(1, cfg.overfit_blocks):
+        raise OctlmError(
+            f"stream of {len(dataset.train)} tokens is too short for context {cfg.context}",
+            "use more data or a shorter --context",
+        )
+    return rows
 
 
 def train_blocks(cfg: TrainConfig, tokenizer: Tokenizer) -> TokenBlocks:
@@ -74,9 +98,26 @@ def packed_split(cfg: TrainConfig, dataset: ShardDataset, split: str) -> PackedW
 
 def packing_record(train: Windows, val: Windows) -> dict[str, Any] | None:
     """For the log header: per split, what its windows say of themselves (packed examples:
-    examples, windows, skipped examples, padding share); None when they say nothing."""
+    examples, windows, skipped examples, padding share; BOS rows: rows, tokens cropped and
+    padded, rows at a document start); None when neither says anything."""
     records = {"train": train.summary(), "val": val.summary()}
-    return records if all(r is not None for r in records.values()) else None
+    found = {split: r for split, r in records.items() if r is not None}
+    return found or None
+
+
+def packing_line(train: dict[str, Any], context: int) -> str:
+    """What the training windows' summary says, in one line for the terminal."""
+    if train.get("packing") == "bos":
+        return (
+            f"BOS-aligned rows: {train['rows']:,} rows of {context + 1} tokens, "
+            f"{train['rows_at_document_start']:.1%} starting at a document (sampled), nothing "
+            "cropped or padded"
+        )
+    return (
+        f"packed {train['examples']:,} training examples into {train['windows']:,} windows of "
+        f"{context} (padding {train['padding']:.1%}; {train['too_long']:,} longer than the "
+        "context skipped)"
+    )
 
 
 def build_sampler(cfg: TrainConfig, train: Windows, dist: DistInfo) -> Sampler:

@@ -30,6 +30,7 @@ from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, peer_failure, shutdown
 from octlm.trainer.guards import TOKEN_NAME, RunLock, StopFlag, has_run
+from octlm.trainer.inputs import packing_line
 from octlm.trainer.profile import StepProfile, check_memory_snapshot
 from octlm.trainer.run import Run, build_run, resume
 from octlm.trainer.schedule import learning_rate
@@ -111,13 +112,7 @@ def _start(run: Run, log: RunLog) -> None:
     resumed = resume(run) if run.cfg.resume else None
     say = print if log.enabled else (lambda *a, **k: None)
     if run.packing:
-        t = run.packing["train"]
-        say(
-            f"packed {t['examples']:,} training examples into {t['windows']:,} windows of "
-            f"{run.cfg.context} (padding {t['padding']:.1%}; {t['too_long']:,} longer than the "
-            "context skipped)",
-            file=sys.stderr,
-        )
+        say(packing_line(run.packing["train"], run.cfg.context), file=sys.stderr)
     if resumed is None:
         if log.enabled:
             log.path.unlink(missing_ok=True)  # a log without a checkpoint holds nothing to keep
