@@ -17,7 +17,10 @@
    `octlm diff` logic: the seed saw such runs part within a few steps.
 3. A profile (issue 30): the first model's steps 4 to 6 under `--profile-steps` (a Chrome
    trace and a per-op table) and, on CUDA, `--memory-snapshot`, in `--profile-out`.
-4. NCCL (issue 18), with two GPUs or more: DDP and FSDP on 2 processes (one GPU each, device
+4. --doc-mask (issue 29): FlexAttention's block mask against SDPA's dense mask on the device
+   (loss, gradients, forward + backward time), and verify-resume of a --packing bos
+   --doc-mask run.
+5. NCCL (issue 18), with two GPUs or more: DDP and FSDP on 2 processes (one GPU each, device
    per local rank), straight against stopped and resumed, with `--deterministic`; the weights
    hashes must match. Skipped, saying so, on one GPU.
 """
@@ -28,6 +31,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -187,6 +191,51 @@ def profile(args: argparse.Namespace) -> None:
     print("\n".join(table[:16]))
 
 
+def doc_mask(args: argparse.Namespace) -> None:
+    """--doc-mask's CUDA path: FlexAttention with a block mask against SDPA with the dense
+    mask (logits and, on CUDA, gradients; flex has no CPU backward), their forward + backward
+    times interleaved, then verify-resume of a --packing bos --doc-mask run."""
+    from octlm.tools.verify import format_table, verify_resume
+
+    model_name = args.models.split(",")[0]
+    torch.manual_seed(0)
+    model = GPT(preset(model_name, context=args.context)).to(args.device)
+    cuda = args.device.startswith("cuda")
+    B, T = args.micro_batch, args.context
+    x = torch.randint(3, model.config.vocab_size, (B, T), device=args.device)
+    lengths = torch.randint(16, max(17, T // 2), (B, 64))  # documents of 16 .. T/2 tokens
+    segments = (torch.cumsum(lengths, 1).unsqueeze(2) <= torch.arange(T)).sum(1) + 1
+    segments = segments.to(args.device)
+    results, times = {}, {False: [], True: []}
+    for _ in range(args.rounds + 1):  # the first round warms up (flex compiles)
+        for flex in (False, True):
+            model.flex_segments = flex
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            autocast = torch.autocast(torch.device(args.device).type, torch.bfloat16, enabled=cuda)
+            with autocast, torch.set_grad_enabled(cuda):  # flex has no backward on a CPU
+                loss, n = model(x, x, segments)
+            if cuda:
+                (loss / n).backward()
+                torch.cuda.synchronize()
+            times[flex].append(time.perf_counter() - start)
+            grads = {k: p.grad for k, p in model.named_parameters()} if cuda else {}
+            results[flex] = (float(loss / n), grads)
+    (dense_loss, dense_grads), (flex_loss, flex_grads) = results[False], results[True]
+    worst = max(
+        (float((dense_grads[k] - flex_grads[k]).abs().max()) for k in dense_grads), default=0.0
+    )
+    dense_s, flex_s = (statistics.median(times[f][1:]) for f in (False, True))
+    print(
+        f"\n--doc-mask, {model_name}, {B} x {T}: loss dense {dense_loss:.6f} flex {flex_loss:.6f}; "
+        f"largest gradient difference {worst:.3e}{'' if cuda else ' (CPU: forward only)'}; "
+        f"fwd+bwd dense {dense_s * 1e3:.1f} ms, flex {flex_s * 1e3:.1f} ms"
+    )
+    cfg = base_config(model_name, args, args.steps, fused=True, packing="bos", doc_mask=True)
+    summaries, _ = verify_resume(cfg, [args.split], keep=False, echo=lambda _: None)
+    print("\n".join(format_table(summaries)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -206,6 +255,7 @@ def main() -> None:
     if not args.skip_speed:
         speed(args)
     profile(args)
+    doc_mask(args)
     exactness(args)
     nccl(args)
 

@@ -21,9 +21,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask
 from torch.utils.checkpoint import checkpoint
 
-from octlm.positions import RotaryEmbedding, apply_rope, segment_attention
+from octlm.positions import (
+    RotaryEmbedding,
+    apply_rope,
+    flex_attention_for,
+    segment_attention,
+    segment_block_mask,
+    segment_positions,
+)
 
 IGNORE_INDEX = -100
 """Targets equal to this are excluded from the loss (the data layer maps PAD targets to it)."""
@@ -208,6 +216,8 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=True
             )  # (B, H, T, D)
+        elif isinstance(mask, BlockMask):  # FlexAttention (`GPT.flex_segments`)
+            y = flex_attention_for(q)(q, k, v, block_mask=mask, enable_gqa=True)
         else:  # packed examples: causal within each segment (`segment_attention`)
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
@@ -255,6 +265,9 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.rope = RotaryEmbedding(config.head_dim, config.context, config.rope_base)
+        self.flex_segments = False
+        """Attend within segments through FlexAttention's block mask instead of SDPA with a
+        dense mask (set for --doc-mask on CUDA, without dropout: flex has none)."""
         self.activation_checkpointing = False
         """Recompute each block's activations in the backward pass instead of keeping them
         (less memory, about one more forward); the RNG state is replayed, so dropout draws the
@@ -314,7 +327,10 @@ class GPT(nn.Module):
                 raise ValueError(
                     f"segments shape {tuple(segments.shape)} != inputs shape {tuple(inputs.shape)}"
                 )
-            mask, positions = segment_attention(segments)
+            if self.flex_segments:
+                mask, positions = segment_block_mask(segments), segment_positions(segments)
+            else:
+                mask, positions = segment_attention(segments)
             cos, sin = self.rope.at(positions)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:

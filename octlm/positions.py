@@ -1,10 +1,16 @@
 """Where each token sits: RoPE's cos/sin tables and rotation, and, for rows of packed
-examples, which positions may attend to which and where each example's positions restart."""
+examples or documents, which positions may attend to which (a dense mask, or FlexAttention's
+block mask) and where each segment's positions restart."""
 
 from __future__ import annotations
 
+import functools
+import warnings
+from typing import Any
+
 import torch
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 
 def rope_tables(head_dim: int, n_positions: int, base: float) -> tuple[Tensor, Tensor]:
@@ -41,16 +47,54 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def segment_attention(segments: Tensor) -> tuple[Tensor, Tensor]:
-    """For packed rows (B, T) of contiguous segment ids: the attention mask (B, 1, T, T), True
-    where a query may attend (earlier or same position, same segment), and each position's
-    index inside its segment (B, T), where RoPE restarts. A packed example is then computed as
-    it would be alone, up to the rounding of a masked kernel."""
-    B, T = segments.shape
+def segment_positions(segments: Tensor) -> Tensor:
+    """For rows (B, T) of contiguous segment ids: each position's index inside its segment
+    (B, T), where RoPE restarts."""
+    T = segments.shape[1]
     index = torch.arange(T, device=segments.device)
-    same = segments.unsqueeze(2) == segments.unsqueeze(1)  # (B, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
     starts = torch.ones_like(segments, dtype=torch.bool)
     starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
     first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    return (same & causal).unsqueeze(1), index - first
+    return index - first
+
+
+def segment_attention(segments: Tensor) -> tuple[Tensor, Tensor]:
+    """For packed rows (B, T) of contiguous segment ids: the attention mask (B, 1, T, T), True
+    where a query may attend (earlier or same position, same segment), and each position's
+    index inside its segment (`segment_positions`). A packed example is then computed as it
+    would be alone, up to the rounding of a masked kernel."""
+    T = segments.shape[1]
+    same = segments.unsqueeze(2) == segments.unsqueeze(1)  # (B, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
+    return (same & causal).unsqueeze(1), segment_positions(segments)
+
+
+def segment_block_mask(segments: Tensor) -> BlockMask:
+    """The mask of `segment_attention` as FlexAttention's block mask: blocks of 128 x 128
+    positions that no query may attend are skipped, and the kernel stays a fused one (SDPA
+    with a dense boolean mask leaves the flash kernel for a slower one on CUDA)."""
+    B, T = segments.shape
+
+    def same_segment_causal(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return (kv <= q) & (segments[b, q] == segments[b, kv])
+
+    return create_block_mask(same_segment_causal, B, None, T, T, device=segments.device)
+
+
+@functools.cache
+def compiled_flex_attention() -> Any:
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attention_for(q: Tensor) -> Any:
+    """FlexAttention compiled on CUDA (its fused kernel); elsewhere eager, which computes the
+    same through the full score matrix (what the CPU tests check against the dense mask)."""
+    if q.is_cuda:
+        return compiled_flex_attention()
+
+    def eager(*args: Any, **kwargs: Any) -> Tensor:
+        with warnings.catch_warnings():  # "called without torch.compile()": meant here
+            warnings.simplefilter("ignore", UserWarning)
+            return flex_attention(*args, **kwargs)
+
+    return eager

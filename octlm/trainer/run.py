@@ -260,6 +260,8 @@ def build_run(cfg: TrainConfig) -> Run:
     model_config, model = _build_model(cfg, tokenizer, init)
     model = model.to(device)
     model.activation_checkpointing = cfg.activation_checkpointing
+    # --doc-mask on CUDA: FlexAttention's fused kernel (dropout, which flex lacks, keeps SDPA).
+    model.flex_segments = cfg.doc_mask and device.type == "cuda" and cfg.dropout == 0
     notes += init.notes if init else []
     wrapped = wrap_model(model, dist, cfg.parallel, device)
     optimizer = build_optimizer(model, cfg)  # after wrapping: FSDP shards the parameters
