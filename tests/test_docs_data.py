@@ -15,6 +15,7 @@ import pytest
 from octlm.data.shards import ShardDataset
 from octlm.hashing import file_sha256
 from octlm.prepare.corpus import Document
+from octlm.runlog import read_log
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 
 pa = pytest.importorskip("pyarrow")
@@ -65,13 +66,14 @@ def make_inputs(folder: Path, docs: list[Document]) -> None:
         f.writelines(json.dumps({"text": text}) + "\n" for text in pieces(works[6:9], 1500))
 
 
-def test_the_cookbook_has_the_five_recipes() -> None:
+def test_the_cookbook_has_the_six_recipes() -> None:
     blocks = cookbook_blocks()
-    assert len(blocks) == 5, blocks
+    assert len(blocks) == 6, blocks
     text = "".join(blocks)
     for needed in ("stories.txt", "fineweb.parquet", "owt.jsonl.gz", "--split-on", "--tokenizer"):
         assert needed in text
     assert "--val-tokens" in blocks[4] and "--val-docs" in blocks[4]
+    assert "--packing bos" in blocks[5] and "--doc-mask" in blocks[5]
 
 
 def test_every_cookbook_block_runs(tmp_path, corpus_docs) -> None:
@@ -85,6 +87,10 @@ def test_every_cookbook_block_runs(tmp_path, corpus_docs) -> None:
             path = work / out
             if out.endswith(".json"):  # `octlm tokenizer train --out tok.json`
                 assert path.is_file(), out
+            elif block.startswith("octlm train"):  # a run on BOS-aligned rows
+                records = read_log(path)
+                assert records[0]["packing"]["train"]["packing"] == "bos", out
+                assert records[-1]["type"] == "end" and records[-1]["step"] == 4, out
             else:
                 dataset = ShardDataset.open(path, verify_checksums=True)
                 assert len(dataset.train) > 0 and len(dataset.val) > 0, out

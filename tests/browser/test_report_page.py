@@ -263,3 +263,21 @@ def test_playground_page_alone(browser, tmp_path: Path) -> None:
     page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
     assert seen.errors == [] and all(u.startswith("file:") for u in seen.requests)
     page.close()
+
+
+def test_settings_show_the_packing_of_a_run_that_has_one(browser, runs, tmp_path) -> None:
+    """A copy of the straight run whose header says it read BOS-aligned rows: the settings get
+    a "Training rows" group with the record's shares (a run without one gets no group)."""
+    folder = tmp_path / "bos"
+    folder.mkdir()
+    lines = (runs["straight"] / "log.jsonl").read_text(encoding="utf-8").splitlines(True)
+    header = json.loads(lines[0])
+    header["packing"] = {"train": {"packing": "bos", "cropped": 0.0, "padded": 0.0, "rows": 9}}
+    (folder / "log.jsonl").write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    out = tmp_path / "report.html"
+    run_ok(octlm_cmd("report", folder, runs["split"], "-o", out))
+    seen = open_page(browser, out)
+    text = seen.page.locator("#settings").inner_text()
+    assert "Training rows (packing)" in text and "cropped" in text and "padded" in text
+    assert seen.errors == []
+    seen.page.close()

@@ -305,3 +305,10 @@ def test_the_settings_show_the_shape_a_preset_decided(tmp_path: Path) -> None:
     config = load_run(run)["config"]
     assert (config["n_layers"], config["d_model"], config["n_heads"]) == (4, 192, 6)
     assert "vocab_size" not in config  # not a config key: it stays in the Model group
+
+
+def test_the_header_packing_record_reaches_the_page(tmp_path: Path) -> None:
+    packing = {"train": {"packing": "bos", "rows": 100, "cropped": 0.0, "padded": 0.0}}
+    run = write_run(tmp_path / "a", packing=packing)
+    assert load_run(run)["packing"] == packing
+    assert load_run(write_run(tmp_path / "b"))["packing"] is None

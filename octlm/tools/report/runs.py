@@ -23,6 +23,7 @@ HEADER_FIELDS = (
     "params",
     "params_non_embedding",
     "tokens_per_step",
+    "packing",
     "fingerprints",
     "data_dir",
     "build",

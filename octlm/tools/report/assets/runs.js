@@ -219,6 +219,12 @@ function drawSettings(runs) {
     ["Model", runs.map((r) => r.model_config)],
     ["Run", other],
   ];
+  // Packed rows (--packing bos, prompt/completion examples): what the windows say of
+  // themselves, e.g. the shares of tokens cropped and padded; only when a run has them.
+  const packing = runs.map((r) => (r.packing && r.packing.train) || {});
+  if (packing.some((p) => Object.keys(p).length)) {
+    groups.splice(1, 0, ["Training rows (packing)", packing]);
+  }
   const box = document.getElementById("settings");
   box.replaceChildren(...groups.map(([title, objs], k) => {
     const d = h("details", { open: k < 3 ? "" : null }, h("summary", {}, title),
