@@ -23,9 +23,9 @@ import torch
 from octlm.config_files import make_config
 from octlm.model import GPT, preset
 from octlm.runlog import read_log
+from octlm.trainer.inputs import resolve_data
 from octlm.trainer.loop import train
 from octlm.trainer.optim import build_optimizer
-from octlm.trainer.run import resolve_data
 
 
 def octlm_step_times(cfg) -> list[float]:

@@ -19,6 +19,7 @@ from octlm.config_checks import (
     DEVICE_PATTERN,
     MUON_DEFAULTS,
     ConfigError,
+    check_data,
     check_optimizer,
     check_packing,
     check_schedule,
@@ -91,7 +92,8 @@ class TrainConfig:
     out: str = _setting("runs/octlm")
     """Run folder: log.jsonl, checkpoints, snapshots."""
     data: str | None = _setting(None)  # checked through the dataset fingerprint instead
-    """Prepared dataset folder (`octlm prepare`); default: the embedded corpus."""
+    """Prepared dataset folder (`octlm prepare`), or a weighted mixture of several that share a
+    tokenizer, PATH:WEIGHT,PATH:WEIGHT (docs/data.md); default: the embedded corpus."""
     steps: int = _trajectory(440)
     """Optimizer steps in the whole run (the cosine ends here)."""
     warmup: int = _trajectory(20)
@@ -235,6 +237,7 @@ class TrainConfig:
         require(self.order in ORDERS, f"order {self.order!r} is unknown", f"use one of {ORDERS}")
         check_optimizer(self.optimizer, self.muon_lr, self.muon_momentum)
         check_packing(self.packing, self.doc_mask, self.blocks)
+        check_data(self.data, self.blocks, self.overfit_blocks)
         require(
             re.fullmatch(DEVICE_PATTERN, self.device) is not None,
             f"device {self.device!r} is unknown",

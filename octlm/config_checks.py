@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
+import re
 from typing import Any
 
 from octlm import checks
@@ -43,6 +45,9 @@ DECAY_SHAPES = ("linear", "1-sqrt")
 PACKINGS = ("stream", "bos")  # pretraining rows (octlm.data.windows, octlm.data.bos)
 
 
+_MIXTURE_PART = re.compile(r"(?P<path>.+):(?P<weight>[^:,]+)")
+
+
 class ConfigError(OctlmError):
     """A bad setting in a TOML file or on the command line."""
 
@@ -63,6 +68,23 @@ def check_optimizer(optimizer: str, muon_lr: float, muon_momentum: float) -> Non
                 f"{key} is for --optimizer muon, not {optimizer}",
                 f"add --optimizer muon, or drop --{key.replace('_', '-')}",
             )
+
+
+def check_data(data: str | None, blocks: str | None, overfit_blocks: int) -> None:
+    """--data as one dataset, or a weighted mixture `A:0.7,B:0.3` (octlm.data.mixture)."""
+    try:
+        mixture = parse_mixture(data) if data else None
+    except ValueError as exc:
+        raise ConfigError(
+            f"--data {data!r}: {exc}", "write datasets and weights as PATH:WEIGHT,PATH:WEIGHT"
+        ) from None
+    if mixture is not None:
+        require(blocks is None, "--blocks trains on one text file, not a mixture", "drop one")
+        require(
+            not overfit_blocks,
+            "--overfit-blocks memorises blocks of one dataset, not of a mixture",
+            "drop --overfit-blocks, or pass one dataset",
+        )
 
 
 def check_packing(packing: str, doc_mask: bool, blocks: str | None) -> None:
@@ -146,3 +168,38 @@ def named_settings_only(cls: type) -> type:
 
     cls.__init__ = __init__  # type: ignore[misc]
     return cls
+
+
+def parse_mixture(spec: str) -> list[tuple[str, float]] | None:
+    """`--data A:0.7,B:0.3` as [(A, 0.7), (B, 0.3)]; None for a single dataset path (no
+    weights). Raises ValueError naming a weight that is not a positive finite number."""
+    parts = spec.split(",")
+    found = [_MIXTURE_PART.fullmatch(p.strip()) for p in parts]
+    if len(parts) == 1 and not _is_weighted(found[0]):
+        return None
+    out = []
+    for part, match in zip(parts, found, strict=True):
+        if match is None:
+            raise ValueError(f"{part.strip()!r} is not PATH:WEIGHT")
+        try:
+            weight = float(match["weight"])
+        except ValueError:
+            raise ValueError(f"the weight of {part.strip()!r} is not a number") from None
+        if not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"the weight of {part.strip()!r} is not a positive number")
+        out.append((match["path"].strip(), weight))
+    paths = [p for p, _ in out]
+    if len(set(paths)) != len(paths):
+        raise ValueError("a dataset is named twice")
+    return out
+
+
+def _is_weighted(match: re.Match | None) -> bool:
+    """A single `PATH:NUMBER` is a mixture of one; a path that merely holds a colon is not."""
+    if match is None:
+        return False
+    try:
+        float(match["weight"])
+    except ValueError:
+        return False
+    return True

@@ -53,6 +53,14 @@ def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any],
     problem = unknown_keys_problem(data, config_keys())
     if problem is not None:
         raise ConfigError(f"{path}: {problem[0]}", problem[1])
+    if isinstance(data.get("data"), dict):  # a [data] table of PATH = WEIGHT: a mixture
+        for name, weight in data["data"].items():
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                raise ConfigError(
+                    f"{path}: the weight of {name!r} in [data] is not a number",
+                    'write each dataset as PATH = WEIGHT, e.g. "data/stories" = 0.7',
+                )
+        data["data"] = ",".join(f"{name}:{weight}" for name, weight in data["data"].items())
     return data, table
 
 

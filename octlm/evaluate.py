@@ -30,6 +30,19 @@ class EvalResult:
     bpb: float
     tokens: int
     bytes: int
+    sources: dict[str, EvalResult] | None = None
+    """A --data mixture's numbers per dataset (these are over all of them)."""
+
+
+def combine(results: dict[str, EvalResult]) -> EvalResult:
+    """Several datasets' numbers as one: total nats over total tokens and bytes, each part
+    kept under `sources`."""
+    nats = sum(r.loss * r.tokens for r in results.values())
+    tokens = sum(r.tokens for r in results.values())
+    n_bytes = sum(r.bytes for r in results.values())
+    loss = nats / max(1, tokens)
+    bpb = nats / (math.log(2) * n_bytes) if n_bytes else float("nan")
+    return EvalResult(loss, math.exp(min(loss, 700.0)), bpb, tokens, n_bytes, results)
 
 
 @dataclass(frozen=True)

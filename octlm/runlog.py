@@ -72,6 +72,17 @@ class EvalNumbers(Protocol):
     ppl: float
     bpb: float
     tokens: int
+    sources: Any
+    """None, or per dataset of a --data mixture the same numbers."""
+
+
+def per_source(result: EvalNumbers) -> dict[str, float]:
+    """A mixture's per-dataset numbers as flat fields, `val_loss/NAME` and `val_bpb/NAME`, so
+    trackers chart them as they chart every numeric field."""
+    out: dict[str, float] = {}
+    for name, part in (result.sources or {}).items():
+        out[f"val_loss/{name}"], out[f"val_bpb/{name}"] = part.loss, part.bpb
+    return out
 
 
 def _clean(value: Any) -> Any:
@@ -170,6 +181,7 @@ class RunLog:
             val_bpb=result.bpb,
             val_tokens=result.tokens,
             noise_scale=noise_scale,
+            **per_source(result),
         )
 
     def weights_hash(self, step: int, digest: str) -> None:

@@ -76,6 +76,42 @@ def tiny_dataset(corpus_docs, tmp_path_factory) -> Path:
     return shared(tmp_path_factory, "tiny_dataset", build) / "data"
 
 
+def speeches_dataset(tiny_dataset: Path, works: list[Document], root: Path, limit: int) -> Path:
+    """A prepared dataset of speeches (the works cut at blank lines: tens of tokens each, at
+    most `limit` of them) encoded with the tiny dataset's tokenizer, at `root`/data."""
+    speeches = [p for d in works for p in d.text.split("\n\n") if p.strip()][:limit]
+    source = root / "speeches.jsonl"
+    lines = (json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(speeches))
+    source.write_text("".join(lines), encoding="utf-8")
+    config = PrepareConfig(
+        out=root / "data",
+        inputs=(str(source),),
+        tokenizer=tiny_dataset / "tokenizer.json",
+        context=32,
+        workers=1,
+    )
+    prepare(config, progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="session")
+def speeches(tiny_dataset, corpus_docs, tmp_path_factory) -> Path:
+    """Short documents for BOS rows and mixtures: the speeches of the first two works, sharing
+    the tiny dataset's tokenizer. Read-only."""
+    works = sorted(corpus_docs, key=lambda d: d.id)[:2]
+    build = lambda root: speeches_dataset(tiny_dataset, works, root, 10**9)  # noqa: E731
+    return shared(tmp_path_factory, "speeches", build) / "data"
+
+
+@pytest.fixture(scope="session")
+def few_speeches(tiny_dataset, corpus_docs, tmp_path_factory) -> Path:
+    """6 speeches of another work (a few hundred tokens of training windows): a mixture's
+    source whose epochs end within a few steps. Read-only."""
+    works = sorted(corpus_docs, key=lambda d: d.id)[2:3]
+    build = lambda root: speeches_dataset(tiny_dataset, works, root, 6)  # noqa: E731
+    return shared(tmp_path_factory, "few_speeches", build) / "data"
+
+
 @pytest.fixture(scope="session")
 def two_process_run(tiny_dataset, tmp_path_factory) -> Path:
     """The multi-process modules' reference: `dist_args` on 2 DDP processes, accumulation 1,

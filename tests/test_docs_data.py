@@ -66,14 +66,15 @@ def make_inputs(folder: Path, docs: list[Document]) -> None:
         f.writelines(json.dumps({"text": text}) + "\n" for text in pieces(works[6:9], 1500))
 
 
-def test_the_cookbook_has_the_six_recipes() -> None:
+def test_the_cookbook_has_the_seven_recipes() -> None:
     blocks = cookbook_blocks()
-    assert len(blocks) == 6, blocks
+    assert len(blocks) == 7, blocks
     text = "".join(blocks)
     for needed in ("stories.txt", "fineweb.parquet", "owt.jsonl.gz", "--split-on", "--tokenizer"):
         assert needed in text
     assert "--val-tokens" in blocks[4] and "--val-docs" in blocks[4]
     assert "--packing bos" in blocks[5] and "--doc-mask" in blocks[5]
+    assert "--data data/stories-tok:0.7,data/mixed:0.3" in blocks[6]
 
 
 def test_every_cookbook_block_runs(tmp_path, corpus_docs) -> None:
@@ -87,12 +88,25 @@ def test_every_cookbook_block_runs(tmp_path, corpus_docs) -> None:
             path = work / out
             if out.endswith(".json"):  # `octlm tokenizer train --out tok.json`
                 assert path.is_file(), out
-            elif block.startswith("octlm train"):  # a run on BOS-aligned rows
+            elif block.startswith("octlm train"):  # BOS-aligned rows, or a mixture
                 records = read_log(path)
-                assert records[0]["packing"]["train"]["packing"] == "bos", out
                 assert records[-1]["type"] == "end" and records[-1]["step"] == 4, out
+                if "--packing bos" in block:
+                    assert records[0]["packing"]["train"]["packing"] == "bos", out
+                else:
+                    val = next(r for r in records if r["type"] == "val")
+                    assert {"val_bpb/stories-tok", "val_bpb/mixed"} <= set(val), out
             else:
                 dataset = ShardDataset.open(path, verify_checksums=True)
                 assert len(dataset.train) > 0 and len(dataset.val) > 0, out
                 if "--tokenizer tok.json" in block:  # the given file, unchanged
                     assert dataset.tokenizer_fingerprint == file_sha256(work / "tok.json")
+
+
+def test_the_cookbook_toml_mixture_is_the_flag_form(tmp_path) -> None:
+    from octlm.config_files import make_config
+
+    (toml,) = section_blocks(DOC, "Cookbook", "toml")
+    path = tmp_path / "mix.toml"
+    path.write_text(toml, encoding="utf-8")
+    assert make_config(path).data == "data/stories-tok:0.7,data/mixed:0.3"

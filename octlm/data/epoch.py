@@ -18,10 +18,12 @@ _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _KEY_DOMAIN = b"octlm/epoch-order/v1"
 
 
-def round_keys(seed: int, epoch: int) -> np.ndarray:
+def round_keys(seed: int, epoch: int, domain: str | None = None) -> np.ndarray:
     """The ROUNDS 64-bit Feistel keys of (seed, epoch): one BLAKE2b digest, so any seed size
-    works and no other generator's stream is shared (the random order uses PCG64(seed, step))."""
-    message = _KEY_DOMAIN + f"/{seed}/{epoch}".encode("ascii")
+    works and no other generator's stream is shared (the random order uses PCG64(seed, step)).
+    `domain` keys another family of permutations (a mixture's, `octlm.data.mixture`)."""
+    prefix = _KEY_DOMAIN if domain is None else domain.encode("ascii")
+    message = prefix + f"/{seed}/{epoch}".encode("ascii")
     digest = hashlib.blake2b(message, digest_size=8 * ROUNDS).digest()
     return np.frombuffer(digest, dtype="<u8").astype(np.uint64)
 
@@ -49,7 +51,9 @@ def _feistel(x: np.ndarray, keys: np.ndarray, low_bits: int, high_bits: int) -> 
     return (high << shift) | low
 
 
-def permute(seed: int, epoch: int, positions: np.ndarray, n: int) -> np.ndarray:
+def permute(
+    seed: int, epoch: int, positions: np.ndarray, n: int, domain: str | None = None
+) -> np.ndarray:
     """The blocks (int64, each in [0, n)) at `positions` (each in [0, n)) of epoch `epoch`:
     a permutation of range(n) that depends only on (seed, epoch, n)."""
     if n < 1:
@@ -59,7 +63,7 @@ def permute(seed: int, epoch: int, positions: np.ndarray, n: int) -> np.ndarray:
         raise ValueError(f"positions outside [0, {n})")
     bits = (n - 1).bit_length()  # 2**bits >= n, and < 2n: a walk takes under 2 rounds on average
     low_bits = bits - bits // 2
-    keys = round_keys(seed, epoch)
+    keys = round_keys(seed, epoch, domain)
     out = _feistel(positions.astype(np.uint64).reshape(-1), keys, low_bits, bits // 2)
     # Cycle walking: re-encrypt what fell outside [0, n). Each value's cycle passes through
     # its own start (< n), so the walk ends, and the map on [0, n) stays a bijection.
@@ -70,7 +74,9 @@ def permute(seed: int, epoch: int, positions: np.ndarray, n: int) -> np.ndarray:
     return out.astype(np.int64).reshape(positions.shape)
 
 
-def sample_blocks(seed: int, first: int, count: int, n: int) -> np.ndarray:
+def sample_blocks(
+    seed: int, first: int, count: int, n: int, domain: str | None = None
+) -> np.ndarray:
     """The blocks of global samples first .. first + count - 1 (int64). A range may straddle
     epochs, even several when count > n: each epoch's share is permuted with its own keys."""
     if first < 0 or count < 0:
@@ -80,5 +86,5 @@ def sample_blocks(seed: int, first: int, count: int, n: int) -> np.ndarray:
     out = np.empty(count, dtype=np.int64)
     for epoch in range(first // n, (first + count - 1) // n + 1) if count else ():
         here = epochs == epoch
-        out[here] = permute(seed, epoch, positions[here], n)
+        out[here] = permute(seed, epoch, positions[here], n, domain)
     return out

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from octlm.config import TrainConfig
+from octlm.config_checks import parse_mixture
 from octlm.config_files import to_toml
 
 # Given by each launch (`train`'s arguments and flags), never written into the shared TOML.
@@ -20,10 +21,14 @@ PER_LAUNCH_KEYS = ("out", "resume", "stop_at", "progress")
 
 def write_config(cfg: TrainConfig, path: Path) -> Path:
     """The TOML every launched run reads: `cfg` without PER_LAUNCH_KEYS, data resolved."""
-    from octlm.trainer.run import resolve_data  # prepares the embedded corpus on first use
+    from octlm.trainer.inputs import resolve_data  # prepares the embedded corpus on first use
 
     values = {k: v for k, v in cfg.to_dict().items() if k not in PER_LAUNCH_KEYS}
-    values["data"] = str(resolve_data(cfg).resolve())
+    mixture = parse_mixture(cfg.data) if cfg.data else None
+    if mixture is None:
+        values["data"] = str(resolve_data(cfg).resolve())
+    else:  # each dataset's path made absolute, its weight as written
+        values["data"] = ",".join(f"{Path(p).resolve()}:{w!r}" for p, w in mixture)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(values), encoding="utf-8")
     return path

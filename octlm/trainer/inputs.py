@@ -5,11 +5,16 @@ validation set."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from octlm.config import TrainConfig
+from octlm.config_checks import parse_mixture
 from octlm.data.blocks import TokenBlocks, make_blocks
 from octlm.data.bos import BosRows
+from octlm.data.dataset_tokenizer import dataset_tokenizer
+from octlm.data.mixture import MixtureSampler, mixture_fingerprint
 from octlm.data.order import Sampler
 from octlm.data.packed import PackedWindows
 from octlm.data.packing import LOSS_MASK_VERSION
@@ -17,9 +22,60 @@ from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows, Windows, first_windows
 from octlm.errors import OctlmError
 from octlm.evaluate import ValidationSet
+from octlm.model import preset
 from octlm.prepare.corpus import read_documents
+from octlm.prepare.text import embedded_dataset
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer.distributed import DistInfo
+
+
+def resolve_data(cfg: TrainConfig) -> Path:
+    """The run's dataset folder: --data (a mixture's first dataset), else the embedded corpus
+    at the preset's vocabulary (prepared on first use)."""
+    if cfg.data is not None:
+        mixture = parse_mixture(cfg.data)
+        return Path(cfg.data if mixture is None else mixture[0][0])
+    return embedded_dataset(preset(cfg.model).vocab_size)
+
+
+def open_data(cfg: TrainConfig) -> tuple[Path, ShardDataset, Tokenizer]:
+    """The dataset folder, the dataset and its tokenizer (a mixture's first)."""
+    data_dir = resolve_data(cfg)
+    dataset = ShardDataset.open(data_dir)
+    tokenizer = dataset_tokenizer(dataset)
+    if tokenizer.fingerprint != dataset.tokenizer_fingerprint:
+        raise OctlmError(
+            f"{dataset.tokenizer_path} does not match the manifest's tokenizer",
+            "re-run `octlm prepare`",
+        )
+    return data_dir, dataset, tokenizer
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a run reads, as `build_run` hands it to the `Run`."""
+
+    sampler: Sampler | MixtureSampler
+    val: ValidationSet
+    val_sources: dict[str, ValidationSet]
+    """A mixture's validation sets per dataset; empty for one dataset."""
+    fingerprint: str
+    """The data fingerprint: a --blocks text's, the dataset's, or a mixture's datasets' and
+    weights'."""
+    packing: dict[str, Any] | None
+
+
+def build_inputs(
+    cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, dist: DistInfo
+) -> Inputs:
+    train, val = windows(cfg, dataset, tokenizer, "train"), windows(cfg, dataset, tokenizer, "val")
+    packing, val_set = packing_record(train, val), validation_set(cfg, train, val, tokenizer)
+    mixture = open_mixture(cfg, tokenizer)
+    if mixture is None:
+        return Inputs(build_sampler(cfg, train, dist), val_set, {}, train.fingerprint, packing)
+    sampler = mixture_sampler(cfg, mixture, tokenizer, dist)
+    by_source = mixture_validation(cfg, mixture, tokenizer)
+    return Inputs(sampler, val_set, by_source, mixture.fingerprint, packing)
 
 
 def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split: str) -> Windows:
@@ -96,6 +152,71 @@ def packed_split(cfg: TrainConfig, dataset: ShardDataset, split: str) -> PackedW
     return packed
 
 
+@dataclass(frozen=True)
+class Mixture:
+    """The datasets of a --data mixture, in the order given, with their weights; `names` (the
+    folders' names) label their numbers in the log."""
+
+    names: list[str]
+    datasets: list[ShardDataset]
+    weights: list[float]
+
+    @property
+    def fingerprint(self) -> str:
+        return mixture_fingerprint([d.fingerprint for d in self.datasets], self.weights)
+
+
+def open_mixture(cfg: TrainConfig, tokenizer: Tokenizer) -> Mixture | None:
+    """The datasets of `--data A:0.7,B:0.3` (None for one dataset), each checked to share the
+    first one's tokenizer (`tokenizer`) and to hold plain text."""
+    spec = parse_mixture(cfg.data) if cfg.data else None
+    if spec is None:
+        return None
+    datasets = [ShardDataset.open(Path(path)) for path, _ in spec]
+    first = spec[0][0]
+    for (path, _), dataset in zip(spec, datasets, strict=True):
+        if dataset.tokenizer_fingerprint != tokenizer.fingerprint:
+            raise OctlmError(
+                f"{path} was prepared with another tokenizer than {first}: a mixture's datasets "
+                "must share token ids",
+                "prepare them with one --tokenizer (docs/data.md, recipe 4)",
+            )
+        if dataset.masked:
+            raise OctlmError(
+                f"{path} holds prompt/completion examples: a mixture mixes pretraining text",
+                "fine-tune on one prompt/completion dataset",
+            )
+    names = [Path(p).name or p for p, _ in spec]  # the folders' names, the paths if those clash
+    if len(set(names)) < len(names):
+        names = [p for p, _ in spec]
+    return Mixture(names, datasets, [w for _, w in spec])
+
+
+def mixture_sampler(
+    cfg: TrainConfig, mixture: Mixture, tokenizer: Tokenizer, dist: DistInfo
+) -> MixtureSampler:
+    sources = [windows(cfg, d, tokenizer, "train") for d in mixture.datasets]
+    try:
+        return MixtureSampler(sources, mixture.names, mixture.weights, **order_settings(cfg, dist))
+    except ValueError as exc:
+        raise OctlmError(str(exc), "use more data or a shorter --context") from None
+
+
+def mixture_validation(
+    cfg: TrainConfig, mixture: Mixture, tokenizer: Tokenizer
+) -> dict[str, ValidationSet]:
+    """Each source's validation split, `val_batches` micro-batches of it."""
+    return {
+        name: ValidationSet(
+            (val := windows(cfg, dataset, tokenizer, "val")),
+            first_windows(val, cfg.val_batches * cfg.micro_batch),
+            cfg.micro_batch,
+            tokenizer.token_bytes_table,
+        )
+        for name, dataset in zip(mixture.names, mixture.datasets, strict=True)
+    }
+
+
 def packing_record(train: Windows, val: Windows) -> dict[str, Any] | None:
     """For the log header: per split, what its windows say of themselves (packed examples:
     examples, windows, skipped examples, padding share; BOS rows: rows, tokens cropped and
@@ -120,19 +241,22 @@ def packing_line(train: dict[str, Any], context: int) -> str:
     )
 
 
+def order_settings(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
+    """The data order's settings, the same for one dataset's sampler and a mixture's."""
+    return {
+        "seed": cfg.seed,
+        "micro_batch": cfg.micro_batch,
+        "accum": cfg.accum,
+        "rank": dist.rank,
+        "world": dist.world,
+        "order": cfg.order,
+    }
+
+
 def build_sampler(cfg: TrainConfig, train: Windows, dist: DistInfo) -> Sampler:
     try:
-        return Sampler(
-            train,
-            seed=cfg.seed,
-            context=cfg.context,
-            micro_batch=cfg.micro_batch,
-            accum=cfg.accum,
-            overfit_blocks=cfg.overfit_blocks,
-            rank=dist.rank,
-            world=dist.world,
-            order=cfg.order,
-        )
+        settings = order_settings(cfg, dist)
+        return Sampler(train, context=cfg.context, overfit_blocks=cfg.overfit_blocks, **settings)
     except ValueError as exc:
         raise OctlmError(str(exc), "use more data or a shorter --context") from None
 

@@ -204,8 +204,10 @@ class Progress:
 
     def val(self, step: int, ev: EvalResult) -> None:
         if self.main:
+            parts = ", ".join(f"{n} {e.bpb:.4f}" for n, e in (ev.sources or {}).items())
             self.bar.write(
                 f"step {step}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}"
+                + (f"  (bpb: {parts})" if parts else "")
             )
 
 

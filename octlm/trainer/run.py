@@ -18,15 +18,14 @@ from torch import nn
 
 from octlm.config import TrainConfig
 from octlm.config_diff import trajectory_changes
-from octlm.data.dataset_tokenizer import dataset_tokenizer
+from octlm.data.mixture import MixtureSampler
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
 from octlm.device import build_changes, build_info, check_device_dtype, keep_freed_host_memory
-from octlm.errors import OctlmError, ResumeError
-from octlm.evaluate import EvalResult, ValidationSet, validate
+from octlm.errors import ResumeError
+from octlm.evaluate import EvalResult, ValidationSet, combine, validate
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, ModelConfig, preset
-from octlm.prepare.text import embedded_dataset
 from octlm.runlog import git_commit
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
@@ -44,7 +43,7 @@ from octlm.trainer.distributed import (
 )
 from octlm.trainer.guards import check_shared_folder
 from octlm.trainer.init_from import InitPlan, load_into, plan_init
-from octlm.trainer.inputs import build_sampler, packing_record, validation_set, windows
+from octlm.trainer.inputs import build_inputs, open_data
 from octlm.trainer.optim import build_optimizer, param_names
 from octlm.trainer.resume import Found, find_agreed, settle
 from octlm.trainer.saver import BackgroundSaver
@@ -56,14 +55,6 @@ from octlm.trainer.state import (
     seed_everything,
 )
 from octlm.trainer.step import StepSetup
-
-
-def resolve_data(cfg: TrainConfig) -> Path:
-    """The run's dataset folder: --data, else the embedded corpus at the preset's vocabulary
-    (prepared on first use)."""
-    if cfg.data is not None:
-        return Path(cfg.data)
-    return embedded_dataset(preset(cfg.model).vocab_size)
 
 
 @dataclass
@@ -89,8 +80,10 @@ class Run:
     later swaps the root module's parameters for unsharded ones, which the optimizer never
     holds, so the names cannot be matched by identity after a step."""
     scaler: torch.amp.GradScaler | None
-    sampler: Sampler
+    sampler: Sampler | MixtureSampler
     val: ValidationSet
+    """What validation scores: the validation split's first windows (with a mixture, the first
+    dataset's; `val_sources` holds each dataset's)."""
     setup: StepSetup
     fingerprints: dict[str, str]
     state: TrainState = field(default_factory=TrainState)
@@ -101,6 +94,8 @@ class Run:
     """The --init-from source's identity (path, kind, weights_sha256), kept by every checkpoint."""
     packing: dict[str, Any] | None = None
     """Prompt/completion data: how its examples were packed at the run's context (the header)."""
+    val_sources: dict[str, ValidationSet] = field(default_factory=dict)
+    """A --data mixture's validation sets, per dataset (empty for one dataset)."""
     start: Found | None = None
     """The checkpoint this run resumes from, found once by `build_run` (None for a new run);
     `resume` loads it and lets it go."""
@@ -197,13 +192,19 @@ class Run:
 
     # -- reading -----------------------------------------------------------------------------
     def validate(self) -> EvalResult:
+        """The validation numbers; a mixture's are each dataset's, and over all of them."""
+        if self.val_sources:
+            return combine({name: self.score(val) for name, val in self.val_sources.items()})
+        return self.score(self.val)
+
+    def score(self, val: ValidationSet) -> EvalResult:
         # DDP: each rank scores its share with the plain module (no collectives in forward) and
         # the totals are summed. FSDP must run the sharded module on every rank in lockstep,
         # so each rank scores everything.
         split = self.dist.enabled and self.cfg.parallel == "ddp"
         return validate(
             self.model if split else self.setup.forward,
-            self.val,
+            val,
             device=self.device,
             dtype=self.cfg.dtype,
             rank=self.dist.rank if split else 0,
@@ -255,7 +256,7 @@ def build_run(cfg: TrainConfig) -> Run:
     if device.type == "cpu":
         keep_freed_host_memory()
     configure_determinism(cfg.deterministic, device)
-    data_dir, dataset, tokenizer = _open_data(cfg)
+    data_dir, dataset, tokenizer = open_data(cfg)
     init = plan_init(cfg, tokenizer, resumed)  # reads the --init-from source unless resuming
     model_config, model = _build_model(cfg, tokenizer, init)
     model = model.to(device)
@@ -267,7 +268,7 @@ def build_run(cfg: TrainConfig) -> Run:
     optimizer = build_optimizer(model, cfg)  # after wrapping: FSDP shards the parameters
     scaler = torch.amp.GradScaler(device.type) if cfg.dtype == "fp16" else None
     setup = _step_setup(cfg, model, wrapped, scaler, dist, device)
-    train, val = windows(cfg, dataset, tokenizer, "train"), windows(cfg, dataset, tokenizer, "val")
+    inputs = build_inputs(cfg, dataset, tokenizer, dist)
     return Run(
         cfg=cfg,
         dist=dist,
@@ -281,18 +282,19 @@ def build_run(cfg: TrainConfig) -> Run:
         optimizer=optimizer,
         param_names=param_names(model, optimizer),
         scaler=scaler,
-        sampler=build_sampler(cfg, train, dist),
-        val=validation_set(cfg, train, val, tokenizer),
+        sampler=inputs.sampler,
+        val=inputs.val,
+        val_sources=inputs.val_sources,
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),
-            "data": train.fingerprint,  # the windows' data: a --blocks text, else the dataset
+            "data": inputs.fingerprint,
             "tokenizer": tokenizer.fingerprint,
         },
         saver=BackgroundSaver(cfg.async_checkpoint),
         notes=notes,
         init_from=init.record if init else None,
-        packing=packing_record(train, val),
+        packing=inputs.packing,
         start=start,
     )
 
@@ -341,18 +343,6 @@ def _build_model(
     return model_config, model
 
 
-def _open_data(cfg: TrainConfig) -> tuple[Path, ShardDataset, Tokenizer]:
-    data_dir = resolve_data(cfg)
-    dataset = ShardDataset.open(data_dir)
-    tokenizer = dataset_tokenizer(dataset)
-    if tokenizer.fingerprint != dataset.tokenizer_fingerprint:
-        raise OctlmError(
-            f"{dataset.tokenizer_path} does not match the manifest's tokenizer",
-            "re-run `octlm prepare`",
-        )
-    return data_dir, dataset, tokenizer
-
-
 def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
     """Refuse a checkpoint of another run (config, data or tokenizer fingerprint), unless
     --allow-config-change accepts a changed config; notes for what is accepted."""
@@ -373,6 +363,9 @@ def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
                 continue
             detail = ": " + changes
             fix += " (or pass --allow-config-change to continue deliberately)"
+        if kind == "data" and run.val_sources:
+            # Other weights would draw other samples from here on: not the run that was started.
+            detail = ": a mixture's datasets and weights are part of it, and cannot change mid-run"
         raise ResumeError(
             f"the checkpoint in {run.out} has another {kind} fingerprint{detail}", fix
         )

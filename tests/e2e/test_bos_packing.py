@@ -11,7 +11,6 @@ gloo for 2 processes).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -38,25 +37,6 @@ pytestmark = pytest.mark.slow
 BOS = ("--packing", "bos")
 MASKED = (*BOS, "--doc-mask", "--order", "epoch")
 TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
-
-
-@pytest.fixture(scope="module")
-def speeches(tiny_dataset, corpus_docs, tmp_path_factory) -> Path:
-    """A prepared dataset of short documents (read-only)."""
-
-    def build(root: Path) -> None:
-        works = sorted(corpus_docs, key=lambda d: d.id)[:2]
-        speeches = [p for d in works for p in d.text.split("\n\n") if p.strip()]
-        source = root / "speeches.jsonl"
-        lines = (json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(speeches))
-        source.write_text("".join(lines), encoding="utf-8")
-        tokenizer = ShardDataset.open(tiny_dataset).tokenizer_path
-        octlm(
-            "prepare", str(source), "--out", str(root / "data"), "--tokenizer", str(tokenizer),
-            "--context", "32", "--workers", "1",
-        )  # fmt: skip
-
-    return shared(tmp_path_factory, "speeches", build) / "data"
 
 
 @pytest.fixture(scope="module")
