@@ -281,3 +281,21 @@ def test_settings_show_the_packing_of_a_run_that_has_one(browser, runs, tmp_path
     assert "Training rows (packing)" in text and "cropped" in text and "padded" in text
     assert seen.errors == []
     seen.page.close()
+
+
+def test_a_mixture_gets_a_chart_per_dataset(browser, tiny_dataset, speeches, tmp_path) -> None:
+    """A --data mixture's per-dataset validation (val_bpb/NAME) is drawn, one line each; runs
+    without a mixture (the other tests) leave the card hidden."""
+    out = tmp_path / "mix"
+    flags = "--model tiny --steps 4 --warmup 1 --context 32 --micro-batch 2 --accum 1"
+    flags += " --val-every 2 --val-batches 1 --dtype fp32 --no-progress"
+    data = f"{tiny_dataset}:0.7,{speeches}:0.3"
+    run_ok(octlm_cmd("train", "--data", data, "--out", out, *flags.split()))
+    page_path = tmp_path / "report.html"
+    run_ok(octlm_cmd("report", out, "-o", page_path))
+    seen = open_page(browser, page_path)
+    page = seen.page
+    assert page.locator("#card-sources").is_visible()
+    assert page.locator("#chart-sources path.series").count() == 2
+    assert seen.errors == []
+    page.close()

@@ -62,6 +62,9 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     val["tokens"] = [
         tokens_at.get(r.get("step")) or _tokens_after(r.get("step"), per_step) for r in vals
     ]
+    # A --data mixture's per-dataset numbers (val_bpb/NAME), aligned with the val columns.
+    names = sorted({k.split("/", 1)[1] for r in vals for k in r if k.startswith("val_bpb/")})
+    val_sources = {n: [number(r.get(f"val_bpb/{n}")) for r in vals] for n in names}
     config = header.get("config") if isinstance(header.get("config"), dict) else {}
     folder = path.parent
     return {
@@ -73,6 +76,7 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "steps": {k: [number(r.get(k)) for r in steps] for k in STEP_FIELDS},
         "skipped": [r.get("step") for r in steps if r.get("skipped")],
         "val": val,
+        "val_sources": val_sources,
         "events": [_event(r) for r in by_type.get("event", [])],
         "end": (by_type.get("end") or [None])[-1],
         "samples": _samples(folder, by_type.get("sample", [])),

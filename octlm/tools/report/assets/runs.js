@@ -116,6 +116,20 @@ function drawRunCharts(runs, xkey) {
 
   drawChart(document.getElementById("chart-speed"),
     { ...common, yLabel: "tokens/s", yZero: true, series: perRun("tok_per_s") });
+  // A mixture's datasets: one dotted line per run and dataset, the dash telling datasets apart.
+  const sources = [];
+  runs.forEach((run, i) => {
+    Object.keys(run.val_sources || {}).forEach((name, k) => {
+      const points = column({ [xkey]: run.val[xkey], bpb: run.val_sources[name] }, xkey, "bpb");
+      sources.push({ name: `${run.name} ${name}`, color: runColor(i), kind: "line",
+        dash: ["", "6 3", "2 3", "8 3 2 3"][k % 4], width: 1.6, ...points });
+    });
+  });
+  document.getElementById("card-sources").hidden = sources.length === 0;
+  if (sources.length) {
+    drawChart(document.getElementById("chart-sources"),
+      { ...common, yLabel: "val bits per byte", series: sources });
+  }
   const hasMfu = runs.some((r) => countFinite(r.steps.mfu) > 0);
   document.getElementById("card-mfu").hidden = !hasMfu;
   if (hasMfu) {
