@@ -47,7 +47,10 @@ def write_steps(log: RunLog, steps: range, salt: float) -> None:
         state = SimpleNamespace(tokens=64 * (s + 1), elapsed=0.01 * s, skipped_steps=0)
         log.step(s, numbers, state, Meter())
         if s % 3 == 2:
+            parts = {"plays": SimpleNamespace(loss=5.4 + salt, bpb=6.3)}  # a --data mixture's
+            parts["code"] = SimpleNamespace(loss=5.6 + salt, bpb=6.5)
             ev = SimpleNamespace(loss=5.5 + salt, ppl=244.7 + salt, bpb=6.4, tokens=128)
+            ev.sources = parts
             log.val(s, ev, None)
 
 
@@ -78,6 +81,7 @@ def test_tensorboard_equals_the_log_after_a_resume_that_drops_steps(tmp_path) ->
     shown, want = tb_scalars(tmp_path / "tb"), expected(tmp_path)
     assert set(want) >= {"train/loss", "train/lr", "train/grad_norm", "train/tok_per_s"}
     assert {"val/loss", "val/ppl", "val/bpb"} <= set(want)
+    assert {"val/bpb/plays", "val/loss/code"} <= set(want)  # a mixture's datasets, each
     assert shown == want  # every step once, in order, with the log's value
     events = tb_texts(tmp_path / "tb", "event")
     assert [s for s, _ in events] == [5] and "resume" in events[0][1]  # the stop was dropped
