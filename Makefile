@@ -31,6 +31,7 @@ demo: $(STAMP)
 	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/split --resume
 	$(BIN)/octlm train --config tiny --data $(DEMO)/data --out $(DEMO)/straight
 	$(BIN)/octlm eval $(DEMO)/split
+	$(BIN)/octlm eval $(DEMO)/split --tasks next_line
 	$(BIN)/octlm generate $(DEMO)/split --prompt "ROMEO:" --max-new-tokens 60 --temperature 0.8 --top-k 40 --seed 1 > $(DEMO)/split/samples.txt
 	@cat $(DEMO)/split/samples.txt
 	@a=$$($(BIN)/octlm hash $(DEMO)/split | cut -d' ' -f1); \

@@ -33,6 +33,12 @@ def add_model_commands(sub: Any) -> None:
     ev.add_argument("--batches", type=int, default=40, help="micro-batches; 0 = the whole split")
     ev.add_argument("--micro-batch", type=int, default=16)
     ev.add_argument("--dtype", choices=DTYPES, default="fp32")
+    ev.add_argument(
+        "--tasks",
+        metavar="FILE[:N],...",
+        help="multiple-choice task files (JSON lines: context, choices, gold; or HellaSwag or "
+        "ARC lines), each its first N questions: acc and acc_norm as lm-eval scores them",
+    )
     ev.set_defaults(handler=_cmd_eval)
     prompt = ge.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt")
@@ -73,9 +79,20 @@ def _add_merge(sub: Any) -> None:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from octlm.data.dataset_tokenizer import dataset_tokenizer
     from octlm.evaluate import evaluate_split
-    from octlm.trained import load_model, run_dataset
+    from octlm.tasks import read_tasks, score_task
+    from octlm.trained import load_model, run_dataset, run_tokenizer
 
+    tasks = read_tasks(args.tasks) if args.tasks else []  # bad files refused before loading
     model, info = load_model(args.run, device=args.device)
+    if tasks:
+        tokenizer = run_tokenizer(info, args.data)
+        for task in tasks:
+            s = score_task(model, task, tokenizer, model.config.context, model_device(model))
+            print(
+                f"{info.path}  step {info.step}  task {task.name}: acc {s.acc:.4f}  "
+                f"acc_norm {s.acc_norm:.4f}  ({s.questions} questions)"
+            )
+        return 0
     dataset = run_dataset(info, args.data)
     token_bytes = dataset_tokenizer(dataset).token_bytes_table
     sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
@@ -83,6 +100,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     where = f"{info.path}  step {info.step}  {args.split}"
     print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
     return 0
+
+
+def model_device(model: Any) -> Any:
+    return next(model.parameters()).device
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -185,6 +185,10 @@ class TrainConfig:
     """Validate every N steps and at the end; 0 disables periodic validation."""
     val_batches: int = _setting(40)
     """Micro-batches of the validation stream to evaluate (always the same first ones)."""
+    eval_tasks: str | None = _setting(None)  # scoring never moves a training bit
+    """Multiple-choice task files, FILE[:N],... (their first N questions), scored at every
+    validation: acc and acc_norm per task in the log, as lm-eval scores them (docs/
+    evaluation.md)."""
     hash_every: int | None = _setting(None)
     """Write the model's weights_sha256 to the log every N steps; default: at every validation;
     0: only at the end."""

@@ -172,7 +172,10 @@ class RunLog:
         )
         return tok_per_s
 
-    def val(self, step: int, result: EvalNumbers, noise_scale: float | None) -> None:
+    def val(
+        self, step: int, result: EvalNumbers, noise_scale: float | None, extra: dict | None = None
+    ) -> None:
+        """A validation record; `extra`: more numbers of it (--eval-tasks' accuracies)."""
         self.write(
             "val",
             step=step,
@@ -182,6 +185,7 @@ class RunLog:
             val_tokens=result.tokens,
             noise_scale=noise_scale,
             **per_source(result),
+            **(extra or {}),
         )
 
     def weights_hash(self, step: int, digest: str) -> None:

@@ -26,6 +26,7 @@ from octlm.evaluate import EvalResult
 from octlm.hashing import tensor_digests, weights_sha256
 from octlm.peak import peak_flops
 from octlm.runlog import RunLog
+from octlm.tasks import TaskScore, score_task, task_fields
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, peer_failure, shutdown
@@ -202,13 +203,24 @@ class Progress:
             loss=f"{result.loss:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tok_per_s:,.0f}"
         )
 
-    def val(self, step: int, ev: EvalResult) -> None:
+    def val(self, step: int, ev: EvalResult, scores: dict[str, TaskScore]) -> None:
         if self.main:
             parts = ", ".join(f"{n} {e.bpb:.4f}" for n, e in (ev.sources or {}).items())
+            tasks = "".join(f"  {n} acc_norm {s.acc_norm:.3f}" for n, s in scores.items())
             self.bar.write(
                 f"step {step}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}"
                 + (f"  (bpb: {parts})" if parts else "")
+                + tasks
             )
+
+
+def task_scores(run: Run) -> dict[str, TaskScore]:
+    """--eval-tasks at a validation: every rank scores every question (under FSDP the sharded
+    module must run on all ranks in lockstep; under DDP the plain module, the same numbers)."""
+    fsdp = run.dist.enabled and run.cfg.parallel == "fsdp"
+    model = run.setup.forward if fsdp else run.model
+    context = run.model_config.context
+    return {t.name: score_task(model, t, run.tokenizer, context, run.device) for t in run.tasks}
 
 
 def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResult:
@@ -256,9 +268,9 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
             # Records name a step by the count done after it: s + 1 (runlog's module doc).
             bar.step(result, log.step(state.step, result, state, meter))
             if validating:
-                ev = run.validate()
-                log.val(state.step, ev, result.noise_scale)
-                bar.val(state.step, ev)
+                ev, scores = run.validate(), task_scores(run)
+                log.val(state.step, ev, result.noise_scale, task_fields(scores))
+                bar.val(state.step, ev, scores)
             if hashing or digesting:
                 grads = result.grad_digests or {}  # {}: a skipped non-finite step has none
                 _log_hashes(run, log, whole=hashing, tensors=digesting, grads=grads)

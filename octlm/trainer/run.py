@@ -27,6 +27,7 @@ from octlm.evaluate import EvalResult, ValidationSet, combine, validate
 from octlm.hashing import weights_sha256
 from octlm.model import GPT, ModelConfig, preset
 from octlm.runlog import git_commit
+from octlm.tasks import Task, read_tasks
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import (
@@ -96,6 +97,8 @@ class Run:
     """Prompt/completion data: how its examples were packed at the run's context (the header)."""
     val_sources: dict[str, ValidationSet] = field(default_factory=dict)
     """A --data mixture's validation sets, per dataset (empty for one dataset)."""
+    tasks: list[Task] = field(default_factory=list)
+    """The --eval-tasks questions, scored at every validation."""
     start: Found | None = None
     """The checkpoint this run resumes from, found once by `build_run` (None for a new run);
     `resume` loads it and lets it go."""
@@ -285,6 +288,7 @@ def build_run(cfg: TrainConfig) -> Run:
         sampler=inputs.sampler,
         val=inputs.val,
         val_sources=inputs.val_sources,
+        tasks=read_tasks(cfg.eval_tasks) if cfg.eval_tasks else [],
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),

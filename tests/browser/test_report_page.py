@@ -171,6 +171,7 @@ def test_report_draws_every_chart_without_errors(browser, report, runs) -> None:
         assert count(f"#chart-{chart} path.series") >= 1
     assert count("#chart-clip rect.bar") == 80  # 40 steps, before and after
     assert page.locator("#card-mfu").is_hidden()  # no MFU on a CPU
+    assert page.locator("#card-sources").is_hidden() and page.locator("#card-tasks").is_hidden()
     assert count("#summary tbody tr") == 2
     assert "resume" in page.locator("#events").inner_text()
     assert page.locator("#samples pre").inner_text() == SAMPLE  # as text, never as HTML
@@ -283,12 +284,13 @@ def test_settings_show_the_packing_of_a_run_that_has_one(browser, runs, tmp_path
     seen.page.close()
 
 
-def test_a_mixture_gets_a_chart_per_dataset(browser, tiny_dataset, speeches, tmp_path) -> None:
-    """A --data mixture's per-dataset validation (val_bpb/NAME) is drawn, one line each; runs
-    without a mixture (the other tests) leave the card hidden."""
+def test_a_mixture_and_tasks_get_their_charts(browser, tiny_dataset, speeches, tmp_path) -> None:
+    """A --data mixture's per-dataset validation (val_bpb/NAME) and --eval-tasks' accuracy
+    (acc_norm/NAME) are drawn, one line each; runs without them (the other tests) leave the
+    cards hidden."""
     out = tmp_path / "mix"
     flags = "--model tiny --steps 4 --warmup 1 --context 32 --micro-batch 2 --accum 1"
-    flags += " --val-every 2 --val-batches 1 --dtype fp32 --no-progress"
+    flags += " --val-every 2 --val-batches 1 --dtype fp32 --no-progress --eval-tasks next_line:8"
     data = f"{tiny_dataset}:0.7,{speeches}:0.3"
     run_ok(octlm_cmd("train", "--data", data, "--out", out, *flags.split()))
     page_path = tmp_path / "report.html"
@@ -297,5 +299,7 @@ def test_a_mixture_gets_a_chart_per_dataset(browser, tiny_dataset, speeches, tmp
     page = seen.page
     assert page.locator("#card-sources").is_visible()
     assert page.locator("#chart-sources path.series").count() == 2
+    assert page.locator("#card-tasks").is_visible()
+    assert page.locator("#chart-tasks path.series").count() == 1
     assert seen.errors == []
     page.close()

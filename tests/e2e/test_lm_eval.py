@@ -179,6 +179,24 @@ def test_lm_eval_scores_are_octlms_with_bos(walkthrough: Path, octlm_run, qs) ->
     assert acc == right / QUESTIONS
 
 
+def test_octlm_eval_tasks_agrees_with_lm_eval(walkthrough: Path, qs) -> None:
+    """`octlm eval --tasks` on the same questions (scored as the YAML says: "\n" + choice)
+    gives lm-eval's acc and acc_norm within 0.5 points (here: the same questions right)."""
+    results = walkthrough / "results/tiny"
+    (results_file,) = results.rglob("results_*.json")
+    theirs = json.loads(results_file.read_text())["results"]["next_line"]
+    tasks = walkthrough / "tasks/next_line_nl.jsonl"
+    tasks.write_text("".join(json.dumps({**q, "delimiter": "\n"}) + "\n" for q in qs))
+    proc = octlm("eval", str(walkthrough / "runs/tiny"), "--tasks", str(tasks))
+    found = re.search(r"acc ([\d.]+)  acc_norm ([\d.]+)  \((\d+) questions\)", proc.stdout)
+    assert found and int(found[3]) == QUESTIONS, proc.stdout
+    print(
+        f"\nlm-eval {theirs['acc,none']}, {theirs['acc_norm,none']}; octlm {found[1]}, {found[2]}"
+    )
+    assert abs(float(found[1]) - theirs["acc,none"]) <= 0.005
+    assert abs(float(found[2]) - theirs["acc_norm,none"]) <= 0.005
+
+
 def test_lm_eval_default_scores_without_bos(walkthrough: Path, octlm_run, qs) -> None:
     """Without add_bos_token, lm-eval's own HF model (in this process) scores the same requests
     as octlm does with no BOS: the exported tokenizer adds no special tokens."""

@@ -62,9 +62,9 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     val["tokens"] = [
         tokens_at.get(r.get("step")) or _tokens_after(r.get("step"), per_step) for r in vals
     ]
-    # A --data mixture's per-dataset numbers (val_bpb/NAME), aligned with the val columns.
-    names = sorted({k.split("/", 1)[1] for r in vals for k in r if k.startswith("val_bpb/")})
-    val_sources = {n: [number(r.get(f"val_bpb/{n}")) for r in vals] for n in names}
+    # Named series of the val records, aligned with its columns: a --data mixture's bits per
+    # byte per dataset (val_bpb/NAME), and --eval-tasks' accuracy per task (acc_norm/NAME).
+    val_sources, val_tasks = _named(vals, "val_bpb"), _named(vals, "acc_norm")
     config = header.get("config") if isinstance(header.get("config"), dict) else {}
     folder = path.parent
     return {
@@ -77,11 +77,18 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "skipped": [r.get("step") for r in steps if r.get("skipped")],
         "val": val,
         "val_sources": val_sources,
+        "val_tasks": val_tasks,
         "events": [_event(r) for r in by_type.get("event", [])],
         "end": (by_type.get("end") or [None])[-1],
         "samples": _samples(folder, by_type.get("sample", [])),
         "bad_lines": bad,
     }
+
+
+def _named(vals: list[dict[str, Any]], prefix: str) -> dict[str, list[float | int | None]]:
+    """{NAME: that field per val record} for every `PREFIX/NAME` field of the records."""
+    names = sorted({k.split("/", 1)[1] for r in vals for k in r if k.startswith(prefix + "/")})
+    return {n: [number(r.get(f"{prefix}/{n}")) for r in vals] for n in names}
 
 
 def _resolved(config: dict[str, Any], model: Any) -> dict[str, Any]:

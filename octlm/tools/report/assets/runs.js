@@ -116,26 +116,31 @@ function drawRunCharts(runs, xkey) {
 
   drawChart(document.getElementById("chart-speed"),
     { ...common, yLabel: "tokens/s", yZero: true, series: perRun("tok_per_s") });
-  // A mixture's datasets: one dotted line per run and dataset, the dash telling datasets apart.
-  const sources = [];
-  runs.forEach((run, i) => {
-    Object.keys(run.val_sources || {}).forEach((name, k) => {
-      const points = column({ [xkey]: run.val[xkey], bpb: run.val_sources[name] }, xkey, "bpb");
-      sources.push({ name: `${run.name} ${name}`, color: runColor(i), kind: "line",
-        dash: ["", "6 3", "2 3", "8 3 2 3"][k % 4], width: 1.6, ...points });
-    });
-  });
-  document.getElementById("card-sources").hidden = sources.length === 0;
-  if (sources.length) {
-    drawChart(document.getElementById("chart-sources"),
-      { ...common, yLabel: "val bits per byte", series: sources });
-  }
+  // Named validation series: a mixture's datasets (bits per byte) and --eval-tasks' tasks
+  // (acc_norm), one line per run and name, the dash telling the names apart.
+  drawNamed(runs, xkey, common, "val_sources", "sources", "val bits per byte");
+  drawNamed(runs, xkey, common, "val_tasks", "tasks", "acc_norm");
   const hasMfu = runs.some((r) => countFinite(r.steps.mfu) > 0);
   document.getElementById("card-mfu").hidden = !hasMfu;
   if (hasMfu) {
     const pct = (v) => (v === null ? "–" : `${(100 * v).toFixed(2)}%`);
     drawChart(document.getElementById("chart-mfu"),
       { ...common, yLabel: "MFU", yZero: true, series: perRun("mfu", { fmt: pct }) });
+  }
+}
+
+function drawNamed(runs, xkey, common, field, id, yLabel) {
+  const series = [];
+  runs.forEach((run, i) => {
+    Object.keys(run[field] || {}).forEach((name, k) => {
+      const points = column({ [xkey]: run.val[xkey], y: run[field][name] }, xkey, "y");
+      series.push({ name: `${run.name} ${name}`, color: runColor(i), kind: "line",
+        dash: ["", "6 3", "2 3", "8 3 2 3"][k % 4], width: 1.6, ...points });
+    });
+  });
+  document.getElementById(`card-${id}`).hidden = series.length === 0;
+  if (series.length) {
+    drawChart(document.getElementById(`chart-${id}`), { ...common, yLabel, series });
   }
 }
 
