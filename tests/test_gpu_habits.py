@@ -3,6 +3,10 @@ bf16 refused on a GPU without it, MPS refused where it is missing, memory in the
 
 from __future__ import annotations
 
+import mmap
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -59,8 +63,15 @@ def test_an_unsupported_device_type_is_one_line() -> None:
 
 def test_cpu_memory_is_the_resident_set() -> None:
     before = memory_mb(torch.device("cpu"))
-    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    # A new anonymous mapping, every page touched: an allocator could hand back pages a test
+    # before this one freed but kept resident (a torch tensor did, under xdist: +39 MiB of 64).
+    block = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
     after = memory_mb(torch.device("cpu"))
     assert before is not None and after is not None
     assert after - before > 50
-    del block
+    status = Path("/proc/self/status").read_text()
+    vm_rss = int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) / 1024
+    assert abs(vm_rss - after) < 16  # the resident set as the kernel reports it
+    block.close()
