@@ -51,7 +51,7 @@ class StepNumbers(Protocol):
     grad_norm: float
     dt: float
     skipped: bool
-    epoch: int | None
+    epoch: int | dict[str, int] | None
     z_loss: float | None
 
 

@@ -65,8 +65,8 @@ class StepResult:
     """The learning rate the step used (set by `advance`)."""
     dt: float = 0.0
     """Seconds from drawing the micro-batches to the end of the update (set by `advance`)."""
-    epoch: int | None = None
-    """With --order epoch, the epoch of the step's first sample (set by `advance`)."""
+    epoch: int | dict[str, int] | None = None
+    """With --order epoch, the epoch of the step's first sample (per dataset of a mixture)."""
     grad_digests: dict[str, str] | None = None
     """With `digest_grads`: each parameter's gradient digest, before clipping (parameter order)."""
     z_loss: float | None = None
