@@ -31,6 +31,7 @@ _PUBLIC = {
     "train": "octlm.api",
     "load": "octlm.api",
     "generate": "octlm.api",
+    "chat": "octlm.api",
     "read_log": "octlm.runlog",
     "RunResult": "octlm.api",
     "LoadedRun": "octlm.api",

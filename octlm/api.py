@@ -1,6 +1,7 @@
 """The Python API behind `import octlm` (README "From Python"): train a run in this process,
-open a trained run, sample from it. Each is the call its CLI command makes, with Python values
-in and out instead of flags and printed lines; errors stay `OctlmError`s (raised, not printed).
+open a trained run, sample from it, chat with it. Each is the call its CLI command makes, with
+Python values in and out instead of flags and printed lines; errors stay `OctlmError`s
+(raised, not printed).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from octlm import checks
+from octlm.chat import ChatSession, reply_to
+from octlm.chat_format import NO_SPECIALS, check_chat_dataset, parse_messages
 from octlm.config import TrainConfig
 from octlm.config_files import make_config
+from octlm.data.shards import load_manifest
 from octlm.errors import OctlmError
 from octlm.model import GPT
 from octlm.runlog import read_log
@@ -105,13 +109,37 @@ def generate(
     prompt gets alone (`octlm generate --prompts`). `run` is what `load` returned (or its
     three parts), or a path to load first."""
     prompts = prompt if isinstance(prompt, list) else [prompt]
-    _check_sampling(prompts, max_new_tokens, temperature, top_k, seed)
+    _check_prompts(prompts)
+    _check_sampling(max_new_tokens, temperature, top_k, seed)
     loaded = _loaded(run)
     sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
     texts = generate_texts(
         loaded.model, loaded.tokenizer, prompts, max_new_tokens=max_new_tokens, **sampling
     )
     return texts if isinstance(prompt, list) else texts[0]
+
+
+def chat(
+    run: LoadedRun | tuple[GPT, Tokenizer, dict[str, Any]] | str | Path,
+    messages: list[dict[str, str]],
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> str:
+    """The model's reply to `messages` ({"role": "system" | "user" | "assistant", "content":
+    text} each, oldest first), as `octlm chat` would give it after those turns: the chat
+    format's ids (`octlm.chat_format`), decoded over the key/value cache. `run` is a chat
+    fine-tune: what `load` returned, its three parts, or a path."""
+    turns = parse_messages(messages, "messages", NO_SPECIALS, need_reply=False)
+    _check_sampling(max_new_tokens, temperature, top_k, seed)
+    loaded = _loaded(run)
+    where = loaded.meta.get("path", "the run")
+    check_chat_dataset(load_manifest(Path(loaded.meta.get("data_dir") or "")), where)
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    session = ChatSession(loaded.model, loaded.tokenizer, max_new_tokens=max_new_tokens, **sampling)
+    return reply_to(session, turns)
 
 
 def _loaded(run: Any) -> LoadedRun:
@@ -127,14 +155,15 @@ def _loaded(run: Any) -> LoadedRun:
     return LoadedRun(*run)
 
 
-def _check_sampling(
-    prompts: list[Any], max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any
-) -> None:
-    """The CLI's checks of the sampling settings (its messages), and the types and bounds that
-    argparse sees to on the command line, before anything is loaded."""
+def _check_prompts(prompts: list[Any]) -> None:
     if not prompts or not all(isinstance(p, str) for p in prompts):
         shown = checks.shown(prompts if len(prompts) != 1 else prompts[0])
         raise OctlmError(f"prompt={shown} must be a string or a list of them", "pass the text")
+
+
+def _check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any) -> None:
+    """The CLI's checks of the sampling settings (its messages), and the types and bounds that
+    argparse sees to on the command line, before anything is loaded."""
     numbers = checks.is_int(max_new_tokens) and isinstance(temperature, int | float)
     if numbers and (top_k is None or checks.is_int(top_k)):
         check_sampling(max_new_tokens, temperature, top_k)  # the seed: checked below, by name

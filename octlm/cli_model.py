@@ -1,9 +1,11 @@
-"""The `octlm` commands that use a trained model: `eval`, `generate` and `hash`, each a run
-folder, checkpoint or snapshot in and a line (or a few) out."""
+"""The `octlm` commands that use a trained model: `eval`, `generate`, `hash`, `merge` and `chat`,
+each a run folder, checkpoint or snapshot in and a line (or a few, or a conversation) out."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,42 @@ def add_model_commands(sub: Any) -> None:
     ge.set_defaults(handler=_cmd_generate)
     ha.set_defaults(handler=_cmd_hash)
     _add_merge(sub)
+    _add_chat(sub)
+
+
+def _add_chat(sub: Any) -> None:
+    ch = run_parser(sub, "chat", "talk to a chat fine-tune in the terminal (docs/chat.md)")
+    ch.add_argument("--system", help="a system turn to start the conversation with")
+    ch.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    ch.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
+    ch.add_argument("--top-k", type=int, default=50)
+    ch.add_argument("--seed", type=int, default=0, help="the same turns give the same replies")
+    ch.add_argument("--data", help="dataset folder whose tokenizer and chat format to use")
+    ch.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    ch.set_defaults(handler=_cmd_chat)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from octlm.chat import ChatSession, chat_loop
+    from octlm.chat_format import check_chat_dataset
+    from octlm.sampling import check_sampling
+    from octlm.trained import load_model, run_dataset, run_tokenizer
+
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    model, info = load_model(args.run, device=args.device)
+    check_chat_dataset(run_dataset(info, args.data).manifest, args.run)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
+    session = ChatSession(
+        model,
+        run_tokenizer(info, args.data),
+        system=args.system,
+        max_new_tokens=args.max_new_tokens,
+        **sampling,
+    )
+    # Line editing and history for input(); not on every platform, and the loop works without.
+    with contextlib.suppress(ImportError):
+        importlib.import_module("readline")
+    return chat_loop(session)
 
 
 def _add_merge(sub: Any) -> None:

@@ -77,14 +77,14 @@ def generate(
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    logits_of = _Continuation(model, cache)
+    logits_of = Continuation(model, cache)
     new: list[int] = []
     # Dropout in train mode would draw from the global RNG and make a sample irreproducible.
     was_training = model.training
     model.eval()
     try:
         for _ in range(max_new_tokens):
-            next_id = _choose(logits_of(ids), temperature, top_k, generator)
+            next_id = choose(logits_of(ids), temperature, top_k, generator)
             new.append(next_id)
             if next_id == stop_id:
                 break
@@ -131,7 +131,7 @@ def generate_batch(
                 ids = torch.tensor(last, device=device).unsqueeze(1)
                 logits = forward_cached(model, ids, cache, pad=pad)[:, -1, :].float()
             for b in sorted(live):
-                new[b].append(_choose(logits[b : b + 1], temperature, top_k, generators[b]))
+                new[b].append(choose(logits[b : b + 1], temperature, top_k, generators[b]))
                 if new[b][-1] == stop_id:
                     live.discard(b)
             if not live:
@@ -141,7 +141,7 @@ def generate_batch(
     return new
 
 
-def _choose(
+def choose(
     logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator
 ) -> int:
     """The next id from one row's float32 logits (1, V): the argmax at temperature 0, else a
@@ -156,19 +156,20 @@ def _choose(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-class _Continuation:
-    """The next token's float32 logits (B, V) for the ids so far, which grow by one a call."""
+class Continuation:
+    """The next token's float32 logits (1, V) for the ids so far, which grow by one or more a
+    call (a chat adds a turn): with a cache, only the ids it does not hold yet run."""
 
     def __init__(self, model: GPT, cache: bool) -> None:
         self.model = model
         self.cache = KVCache(model, 1) if cache else None
-        self.fed = 0  # leading ids the cache holds
 
     def __call__(self, ids: Tensor) -> Tensor:
         context = self.model.config.context
         if self.cache is not None and ids.shape[1] <= context:
-            logits = forward_cached(self.model, ids[:, self.fed :], self.cache)
-            self.fed = ids.shape[1]
+            # The cache's own count of what it holds: a call interrupted (Ctrl-C in a chat)
+            # before the forward finished has not advanced it, and the next call redoes it.
+            logits = forward_cached(self.model, ids[:, self.cache.length :], self.cache)
             return logits[:, -1, :].float()
         # Past the context the window slides and every position moves (RoPE restarts at the
         # window's first token), so the cached keys are stale: the full forward, as uncached.

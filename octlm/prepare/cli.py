@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm import checks
+from octlm.chat_format import CHAT_FORMAT
 from octlm.errors import DataError, OctlmError
 from octlm.prepare.pairs import FORMAT, PairsConfig, prepare_pairs
 from octlm.prepare.pairs import summary_lines as pairs_summary_lines
@@ -96,19 +97,25 @@ def _split_rule(args: argparse.Namespace) -> SplitRule:
 
 
 def _cmd_prepare_pairs(args: argparse.Namespace) -> int:
-    fix = f"drop it: --format {FORMAT} reads two JSON fields and keeps its tokenizer's vocabulary"
+    fix = f"drop it: --format {args.format} reads JSON fields and keeps its tokenizer's vocabulary"
     ignored = (("--split-on", args.split_on), ("--vocab-size", args.vocab_size))
     for flag, value in (*ignored, ("--workers", args.workers)):
         if value is not None:
-            raise OctlmError(f"{flag} has no effect with --format {FORMAT}", fix)
-    if args.text_field != "text":
+            raise OctlmError(f"{flag} has no effect with --format {args.format}", fix)
+    chat = args.format == CHAT_FORMAT
+    fields = ("--prompt-field", "--completion-field") if chat else ("--messages-field",)
+    if args.text_field != "text" or _fields_given(args, fields):
+        flag = "--text-field" if args.text_field != "text" else " and ".join(fields)
         raise OctlmError(
-            f"--text-field has no effect with --format {FORMAT}",
-            "name the fields with --prompt-field and --completion-field",
+            f"{flag} {'have' if ' and ' in flag else 'has'} no effect with --format {args.format}",
+            "name the field with --messages-field"
+            if chat
+            else "name the fields with --prompt-field and --completion-field",
         )
     if not args.tokenizer:
         raise OctlmError(
-            f"--format {FORMAT} needs --tokenizer: a fine-tune keeps its base model's vocabulary",
+            f"--format {args.format} needs --tokenizer: a fine-tune keeps its base model's "
+            "vocabulary",
             "pass the base run's tokenizer, e.g. --tokenizer data/base/tokenizer.json",
         )
     split = (
@@ -122,6 +129,8 @@ def _cmd_prepare_pairs(args: argparse.Namespace) -> int:
         tokenizer=Path(args.tokenizer),
         prompt_field=args.prompt_field,
         completion_field=args.completion_field,
+        format=args.format,
+        messages_field=args.messages_field,
         split=split,
         context=args.context,
         shard_tokens=args.shard_tokens,
@@ -132,14 +141,22 @@ def _cmd_prepare_pairs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fields_given(args: argparse.Namespace, flags: tuple[str, ...]) -> bool:
+    """Whether any of the field flags is set to other than its default."""
+    defaults = {"--prompt-field": "prompt", "--completion-field": "completion"}
+    defaults["--messages-field"] = "messages"
+    return any(getattr(args, f[2:].replace("-", "_")) != defaults[f] for f in flags)
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
     _check_paths(args)
-    if args.format == FORMAT:
+    if args.format in (FORMAT, CHAT_FORMAT):
         return _cmd_prepare_pairs(args)
-    if args.prompt_field != "prompt" or args.completion_field != "completion":
+    if _fields_given(args, ("--prompt-field", "--completion-field", "--messages-field")):
         raise OctlmError(
-            "--prompt-field/--completion-field need --format prompt-completion",
-            "add --format prompt-completion, or drop them",
+            "--prompt-field/--completion-field need --format prompt-completion "
+            "(--messages-field: --format chat)",
+            "add the --format, or drop them",
         )
     if args.tokenizer and args.vocab_size is not None:
         raise OctlmError(
@@ -197,13 +214,17 @@ def _add_prepare(sub: Any, inputs: str) -> None:
     kinds = (
         "text: documents to pretrain on (default); prompt-completion: JSON lines (or "
         "Parquet/Arrow rows) of prompt/completion pairs, the prompt masked out of the loss "
-        "(docs/finetune.md)"
+        "(docs/finetune.md); chat: conversations of system/user/assistant turns, only the "
+        "assistant's in the loss (docs/chat.md)"
     )
-    pr.add_argument("--format", choices=("text", FORMAT), default="text", help=kinds)
+    pr.add_argument("--format", choices=("text", FORMAT, CHAT_FORMAT), default="text", help=kinds)
     _add_read_flags(pr)
     pr.add_argument("--prompt-field", default="prompt", help="with --format prompt-completion")
     pr.add_argument(
         "--completion-field", default="completion", help="with --format prompt-completion"
+    )
+    pr.add_argument(
+        "--messages-field", default="messages", help="with --format chat: the list of turns"
     )
     pr.add_argument(
         "--tokenizer",

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from octlm import checks
+from octlm.chat_format import CHAT_FORMAT, CHAT_TEMPLATE_VERSION, special_pattern
 from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.packing import CONTEXT, LOSS_MASK_VERSION, START, TARGET, waste_shares
 from octlm.data.shards import (
@@ -31,6 +32,7 @@ from octlm.data.shards import (
 )
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
+from octlm.prepare.chat import encode_conversations, read_conversations
 from octlm.prepare.compressed import codec_errors_named, open_decompressed
 from octlm.prepare.folder import check_out, staged, write_manifest
 from octlm.prepare.sources import JSONL, Source, find_sources
@@ -52,6 +54,10 @@ class Example:
     prompt: str
     completion: str
 
+    @property
+    def chars(self) -> int:
+        return len(self.prompt) + len(self.completion)
+
 
 @dataclass(frozen=True)
 class PairsConfig:
@@ -61,6 +67,9 @@ class PairsConfig:
     """The base model's tokenizer.json: a fine-tune keeps its base model's vocabulary."""
     prompt_field: str = "prompt"
     completion_field: str = "completion"
+    format: str = FORMAT
+    """FORMAT, or CHAT_FORMAT: conversations (`octlm.prepare.chat`), assistant turns as targets."""
+    messages_field: str = "messages"
     split: SplitRule = field(default_factory=lambda: SplitRule(val_tokens=None))
     context: int = 1024
     """Only reported against: how many examples a run at this context skips, and the padding."""
@@ -72,6 +81,7 @@ class PairsConfig:
         for flag, name in (
             ("--prompt-field", self.prompt_field),
             ("--completion-field", self.completion_field),
+            ("--messages-field", self.messages_field),
         ):
             checks.check(flag, name, checks.Text(), "name the JSON field", DataError)
         if self.prompt_field == self.completion_field:
@@ -79,6 +89,14 @@ class PairsConfig:
                 f"--prompt-field and --completion-field are both {self.prompt_field!r}",
                 "name two different fields",
             )
+
+
+def _records(cfg: PairsConfig, src: Source, tokenizer: Tokenizer) -> Iterator[Any]:
+    """The examples (or conversations) of one file; each has `id` and `chars`."""
+    if cfg.format == CHAT_FORMAT:
+        yield from read_conversations(src, cfg.messages_field, special_pattern(tokenizer))
+    else:
+        yield from read_examples(src, cfg.prompt_field, cfg.completion_field)
 
 
 def read_examples(src: Source, prompt_field: str, completion_field: str) -> Iterator[Example]:
@@ -185,6 +203,8 @@ class _SplitOut:
     examples: int = 0
     targets: int = 0
     lengths: list[int] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    """Chat: assistant turns, and those merged into their header (`encode_conversations`)."""
 
     def add(
         self, chunk: list[Example], ids: np.ndarray, marks: np.ndarray, lengths: list[int]
@@ -205,6 +225,7 @@ class _SplitOut:
             "tokens": self.tokens.tokens,
             "targets": self.targets,
             "document_ids_sha256": self.ids.hexdigest(),
+            **self.counts,
             "shards": self.tokens.close(),
             "mask_shards": self.mask.close(),
             # Notes at prepare's --context (a run packs at its own): not in the fingerprint.
@@ -223,20 +244,20 @@ def prepare_pairs(cfg: PairsConfig) -> dict[str, Any]:
     check_out(cfg.out, cfg.force)
     if cfg.split.val_tokens is not None:
         raise DataError(
-            f"--val-tokens does not apply to --format {FORMAT} (the split is by example count)",
+            f"--val-tokens does not apply to --format {cfg.format} (the split is by example count)",
             "pass --val-fraction or --val-docs",
         )
     sources = find_sources(cfg.inputs)
     if not cfg.inputs:
         raise DataError(
-            f"--format {FORMAT} needs input files (the embedded corpus is plain text)",
-            "pass JSON-lines files of prompt/completion pairs",
+            f"--format {cfg.format} needs input files (the embedded corpus is plain text)",
+            "pass JSON-lines files of prompt/completion pairs (or conversations, for chat)",
         )
     tokenizer = open_tokenizer(cfg.tokenizer)  # a tokenizer.json, or an HF folder's
     keys = KeyTable()
     for src in sources:  # pass 1: every id (and a full check of every line) before any writing
-        for ex in read_examples(src, cfg.prompt_field, cfg.completion_field):
-            keys.add(ex.id, len(ex.prompt) + len(ex.completion))
+        for ex in _records(cfg, src, tokenizer):
+            keys.add(ex.id, ex.chars)
     duplicate = keys.duplicate(keys.ranking())
     if duplicate is not None:
         raise DataError(
@@ -280,11 +301,14 @@ def _encode_all(
 ) -> None:
     """Pass 2: encode in input order; each split's examples keep their input order."""
     index = 0
-    chunk: list[Example] = []
+    chunk: list[Any] = []
 
     def flush() -> None:
         nonlocal index
-        ids, marks, lengths = encode_examples(tokenizer, chunk)
+        if cfg.format == CHAT_FORMAT:
+            ids, marks, lengths, counts = encode_conversations(tokenizer, chunk)
+        else:
+            (ids, marks, lengths), counts = encode_examples(tokenizer, chunk), {}
         cuts = np.cumsum([0, *lengths])
         is_val = labels[index : index + len(chunk)] == VAL
         for split in SPLITS:
@@ -295,11 +319,15 @@ def _encode_all(
             outs[split].add(
                 [chunk[i] for i in picked], ids[spans], marks[spans], [lengths[i] for i in picked]
             )
+            for name, per_example in counts.items():
+                outs[split].counts[name] = outs[split].counts.get(name, 0) + sum(
+                    per_example[i] for i in picked
+                )
         index += len(chunk)
         chunk.clear()
 
     for src in sources:
-        for example in read_examples(src, cfg.prompt_field, cfg.completion_field):
+        for example in _records(cfg, src, tokenizer):
             chunk.append(example)
             if len(chunk) == CHUNK_EXAMPLES:
                 flush()
@@ -323,25 +351,35 @@ def _write_manifest(
         "splits": summary,
         "loss_mask": {
             "version": LOSS_MASK_VERSION,
-            "format": FORMAT,
+            "format": cfg.format,
             "values": {str(START): "example start", str(CONTEXT): "prompt", str(TARGET): "target"},
         },
         "read": {"prompt_field": cfg.prompt_field, "completion_field": cfg.completion_field},
         "split_rule": cfg.split.to_dict(),
     }
+    if cfg.format == CHAT_FORMAT:  # what `octlm chat` and `octlm export` frame turns with
+        manifest["read"] = {"messages_field": cfg.messages_field}
+        manifest["chat_template"] = {"version": CHAT_TEMPLATE_VERSION}
     return write_manifest(folder, manifest)
 
 
 def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
-    """The human summary `octlm prepare --format prompt-completion` prints."""
-    lines = [f"dataset {out}  (prompt/completion, source: {manifest['source']})"]
+    """The human summary `octlm prepare --format prompt-completion` (or chat) prints."""
+    chat = "chat_template" in manifest
+    kind, items = ("chat", "conversations") if chat else ("prompt/completion", "examples")
+    lines = [f"dataset {out}  ({kind}, source: {manifest['source']})"]
     for split in SPLITS:
         s = manifest["splits"][split]
         at = s["at_context"]
         lines.append(
-            f"  {split:5s} {s['documents']:>7,} examples {s['tokens']:>11,} tokens, "
+            f"  {split:5s} {s['documents']:>7,} {items} {s['tokens']:>11,} tokens, "
             f"{s['targets']:,} of them targets ({s['targets'] / max(1, s['tokens']):.1%})"
         )
+        if chat:
+            lines.append(
+                f"        {s['assistant_turns']:,} assistant turns, {s['merged_headers']:,} of "
+                "them starting inside the header's last token"
+            )
         lines.append(
             f"        at context {at['context']}: {at['windows']:,} packed windows, padding "
             f"{at['padding_packed']:.1%} (one example per window: "

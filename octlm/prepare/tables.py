@@ -31,11 +31,13 @@ def read_rows(
 
 @dataclass(frozen=True)
 class Column:
-    """A string column to read, and how an error names it and the flag that picks another."""
+    """A column to read, and how an error names it and the flag that picks another."""
 
     name: str
     what: str
     flag: str
+    strings: bool = True
+    """A column of strings; False: of lists (a chat dataset's turns), read as Python lists."""
 
     def hint(self) -> str:
         return f"name {self.what} with {self.flag}"
@@ -59,10 +61,7 @@ def read_columns(
             values = []
             for col in columns:
                 array = batch.column(batch.schema.get_field_index(col.name))
-                if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
-                    raise DataError(
-                        f"{path} column {col.name!r} holds {array.type}, not strings", col.hint()
-                    )
+                _check_type(pa, path, col, array.type)
                 values.append(array.to_pylist())
             ids = batch.column(batch.schema.get_field_index("id")).to_pylist() if with_id else None
             for i, row_values in enumerate(zip(*values, strict=True)):
@@ -99,6 +98,14 @@ def _open(
         names, batches, total = stream.schema.names, iter(stream), 0
     _check_columns(path, names, columns)
     return names, total, batches
+
+
+def _check_type(pa: ModuleType, path: Path, col: Column, kind: Any) -> None:
+    types = pa.types
+    if col.strings and not (types.is_string(kind) or types.is_large_string(kind)):
+        raise DataError(f"{path} column {col.name!r} holds {kind}, not strings", col.hint())
+    if not col.strings and not (types.is_list(kind) or types.is_large_list(kind)):
+        raise DataError(f"{path} column {col.name!r} holds {kind}, not lists", col.hint())
 
 
 def _check_columns(path: Path, names: list[str], columns: Sequence[Column]) -> None:

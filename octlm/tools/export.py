@@ -16,7 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from octlm.data.shards import TOKENIZER_NAME
+from octlm.chat_format import JINJA_TEMPLATE, check_template_version
+from octlm.data.shards import MANIFEST_NAME, TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
 from octlm.llama import hf_config, hf_state_dict
@@ -34,23 +35,44 @@ def special_tokens(tok: Tokenizer) -> dict[str, str | None]:
     }
 
 
-def tokenizer_config(context: int, tok: Tokenizer) -> dict[str, Any]:
+def tokenizer_config(context: int, tok: Tokenizer, chat: bool = False) -> dict[str, Any]:
     """tokenizer_config.json: the copied tokenizer.json as is, encoding like octlm's encode.
 
     No BOS/EOS is added (octlm's tokenizer.json has no post-processor; a Hugging Face one's is
     switched off by the explicit flags), so `tok(text).input_ids == encode(text,
     add_special_tokens=False)`. split_special_tokens keeps a literal "<|eos|>" in text as text,
     as octlm does; decoding keeps spaces as they are.
+
+    `chat` (a chat fine-tune): the chat format's Jinja template, so `apply_chat_template`
+    gives `octlm.chat_format`'s ids. Its rendered string holds BOS/EOS as text, which the
+    tokenizer must read as the tokens: split_special_tokens is off. The two agree on any text
+    without a special token's string in it, which `prepare --format chat` refuses in turns.
     """
-    return {
+    config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         **special_tokens(tok),
         "add_bos_token": False,
         "add_eos_token": False,
-        "split_special_tokens": True,
+        "split_special_tokens": not chat,
         "clean_up_tokenization_spaces": False,
         "model_max_length": context,
     }
+    if chat:
+        config["chat_template"] = JINJA_TEMPLATE
+    return config
+
+
+def trained_on_chat(data_dir: str | Path | None) -> bool:
+    """Whether a run's dataset (its manifest, if still there) is in the chat format; a version
+    this octlm does not know is refused in one line."""
+    path = Path(data_dir or "") / MANIFEST_NAME
+    if not data_dir or not path.is_file():
+        return False
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if "chat_template" not in manifest:
+        return False
+    check_template_version(manifest["chat_template"].get("version"), str(path))
+    return True
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -118,7 +140,8 @@ def export_hf(
         _write_json(staging / "config.json", {**model_json, **ids})
         _write_json(staging / "generation_config.json", {**ids, "do_sample": False})
         shutil.copyfile(tok_path, staging / TOKENIZER_NAME)
-        _write_json(staging / "tokenizer_config.json", tokenizer_config(config.context, tok))
+        chat = trained_on_chat(info.data_dir)
+        _write_json(staging / "tokenizer_config.json", tokenizer_config(config.context, tok, chat))
         _write_json(staging / "special_tokens_map.json", special_tokens(tok))
         _umask_mode(staging / SAFETENSORS_NAME)
         _publish(staging, out)
