@@ -7,7 +7,6 @@ assistant turns are targets. The format itself is `octlm.chat_format`; the datas
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ import numpy as np
 from octlm.chat_format import ASSISTANT, Message, encode_chat, parse_messages, turn_text
 from octlm.errors import DataError
 from octlm.prepare.compressed import codec_errors_named, open_decompressed
-from octlm.prepare.sources import JSONL, Source
+from octlm.prepare.sources import JSONL, Source, json_objects
 from octlm.prepare.tables import ARROW, PARQUET, Column, read_columns
 from octlm.tokenizer.core import Tokenizer
 
@@ -53,19 +52,9 @@ def read_conversations(
         )
     with open(src.path, "rb") as raw, codec_errors_named(src.path, src.compression):
         stream = open_decompressed(raw, src.compression)
-        for lineno, line in enumerate(stream, start=1):
+        for lineno, record in json_objects(stream, src):
             where = f"{src.path}:{lineno}"
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"{where} is not UTF-8", "re-encode the file as UTF-8") from None
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where} is not valid JSON ({exc.msg})", "fix that line") from None
-            if not isinstance(record, dict) or field not in record:
+            if field not in record:
                 raise DataError(
                     f"{where} has no field {field!r}",
                     "write one object per line with its turns there, or name the field with "

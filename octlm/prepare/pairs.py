@@ -11,7 +11,6 @@ TARGET (`octlm.data.packing`). The split is by example, from the sha256 of examp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from octlm.fsutil import fsync_path
 from octlm.prepare.chat import encode_conversations, read_conversations
 from octlm.prepare.compressed import codec_errors_named, open_decompressed
 from octlm.prepare.folder import check_out, staged, write_manifest
-from octlm.prepare.sources import JSONL, Source, find_sources
+from octlm.prepare.sources import JSONL, Source, find_sources, json_objects
 from octlm.prepare.split import VAL, KeyTable, SplitRule, plan_split
 from octlm.prepare.tables import ARROW, PARQUET, Column, read_columns
 from octlm.prepare.text import check_dataset_settings
@@ -137,20 +136,8 @@ def _rows(src: Source, prompt_field: str, completion_field: str) -> Iterator[Exa
 def _lines(
     stream: BinaryIO, src: Source, prompt_field: str, completion_field: str
 ) -> Iterator[Example]:
-    for lineno, line in enumerate(stream, start=1):
+    for lineno, record in json_objects(stream, src):
         where = f"{src.path}:{lineno}"
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DataError(f"{where} is not UTF-8", "re-encode the file as UTF-8") from None
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where} is not valid JSON ({exc.msg})", "fix that line") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where} is not a JSON object", "write one object per line")
         values = []
         for name, flag in (
             (prompt_field, "--prompt-field"),
