@@ -115,29 +115,47 @@ def _add_merge(sub: Any) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from octlm.data.dataset_tokenizer import dataset_tokenizer
-    from octlm.evaluate import evaluate_split
-    from octlm.tasks import read_tasks, score_task
-    from octlm.trained import load_model, run_dataset, run_tokenizer
+    from octlm.tasks import read_tasks
+    from octlm.trained import load_model, merged_last
 
     tasks = read_tasks(args.tasks) if args.tasks else []  # bad files refused before loading
     model, info = load_model(args.run, device=args.device)
+    scores = _evaluate(args, model, info, tasks)
+    last = merged_last(info)
+    if last is not None:  # a merge: the newest checkpoint it was made of, on the same data
+        last_model, last_info = load_model(last, device=args.device)
+        last_scores = _evaluate(args, last_model, last_info, tasks)
+        for name, (value, better) in scores.items():
+            delta = value - last_scores[name][0]
+            verdict = "better" if (delta > 0) == better and delta != 0 else "not better"
+            print(f"merged - last ({last_info.step}): {name} {delta:+.4f} ({verdict})")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> dict:
+    """Print the model's evaluation lines; {name: (value, whether higher is better)}."""
+    from octlm.data.dataset_tokenizer import dataset_tokenizer
+    from octlm.evaluate import evaluate_split
+    from octlm.tasks import score_task
+    from octlm.trained import run_dataset, run_tokenizer
+
     if tasks:
-        tokenizer = run_tokenizer(info, args.data)
+        tokenizer, out = run_tokenizer(info, args.data), {}
         for task in tasks:
             s = score_task(model, task, tokenizer, model.config.context, model_device(model))
             print(
                 f"{info.path}  step {info.step}  task {task.name}: acc {s.acc:.4f}  "
                 f"acc_norm {s.acc_norm:.4f}  ({s.questions} questions)"
             )
-        return 0
+            out[f"{task.name} acc_norm"] = (s.acc_norm, True)
+        return out
     dataset = run_dataset(info, args.data)
     token_bytes = dataset_tokenizer(dataset).token_bytes_table
     sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
     r = evaluate_split(model, dataset, token_bytes, split=args.split, **sizes)
     where = f"{info.path}  step {info.step}  {args.split}"
     print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
-    return 0
+    return {"loss": (r.loss, False), "bpb": (r.bpb, False)}
 
 
 def model_device(model: Any) -> Any:

@@ -40,6 +40,16 @@ def load_model(run_or_ckpt: str | Path, device: str = "cpu") -> tuple[GPT, ckpt.
     return model, info
 
 
+def merged_last(info: ckpt.CheckpointInfo) -> Path | None:
+    """The newest file a merge (`octlm merge`) was made of, to compare it with; None for a
+    model that is not a merge, or whose sources are gone."""
+    parts = info.meta.get("merged_from")
+    if not parts:
+        return None
+    newest = Path(parts[-1]["file"])
+    return newest if newest.is_file() else None
+
+
 def run_dataset(info: ckpt.CheckpointInfo, data: str | Path | None = None) -> ShardDataset:
     """The dataset a checkpoint trained on (or `data`), checked against its tokenizer."""
     folder = Path(data or info.data_dir or "")

@@ -65,6 +65,13 @@ def test_the_merge_folder_is_read_like_a_run(run, tiny_dataset, tmp_path) -> Non
     assert octlm("hash", str(out)).stdout.split()[0] == digest
     evals = [octlm("eval", str(folder), "--batches", "2").stdout for folder in (out, run)]
     assert "bpb" in evals[0] and evals[0].split(":")[1] != evals[1].split(":")[1]
+    # A merge's eval also scores the newest checkpoint it was made of, and prints the change.
+    merged_line, last_line, *deltas = evals[0].splitlines()
+    assert last_line == evals[1].strip()  # the run's own newest checkpoint, on the same data
+    bpb = [float(line.split("bpb ")[1].split()[0]) for line in (merged_line, last_line)]
+    assert deltas[-1].startswith("merged - last (8): bpb ")
+    assert float(deltas[-1].split()[5]) == pytest.approx(bpb[0] - bpb[1], abs=2e-4)
+    assert deltas[-1].endswith("(better)" if bpb[0] < bpb[1] else "(not better)")
     assert octlm("generate", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "8").stdout
     octlm("export", str(out), str(tmp_path / "exported"), "--format", "safetensors")
     assert weights_sha256(load_file(tmp_path / "exported" / "model.safetensors")) == digest
