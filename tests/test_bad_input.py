@@ -203,6 +203,10 @@ PREPARE = {
     "pairs_workers": ([*PAIRS, "--workers", "2"], "--workers has no effect with --format"),
     "pairs_prompt_field_empty": ([*PAIRS, "--prompt-field", ""], "--prompt-field '' must be"),
     "pairs_same_fields": ([*PAIRS, "--completion-field", "prompt"], "are both 'prompt'"),
+    "chat_messages_field_empty": (
+        [*PAIRS[:3], "chat", *PAIRS[4:], "--messages-field", ""],
+        "--messages-field '' must be",
+    ),
     "tokenizer_out_empty": ([*TOKENIZER, "--out", ""], "--out '' must be a non-empty path"),
     "tokenizer_out_a_folder": ([*TOKENIZER, "--out", "dataset", "--force"], "is a folder; name"),
     "tokenizer_input_empty": (["tokenizer", "train", "", "--out", "t.json"], "input='' must be"),
@@ -225,6 +229,12 @@ USE = {
     ),
     "eval_batches_negative": (["eval", "trained", "--batches", "-1"], "--batches -1 must be"),
     "eval_micro_batch_zero": (["eval", "trained", "--micro-batch", "0"], "--micro-batch 0 must"),
+    "chat_not_a_chat_run": (["chat", "trained"], "was not trained on a chat dataset"),
+    "chat_temperature_nan": (
+        ["chat", "trained", "--temperature", "nan"],
+        "--temperature nan is not a finite number >= 0",
+    ),
+    "chat_top_k_zero": (["chat", "trained", "--top-k", "0"], "--top-k 0 keeps no token"),
 }
 
 
