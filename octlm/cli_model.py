@@ -110,6 +110,13 @@ def _add_merge(sub: Any) -> None:
         "--weights", help="one weight per checkpoint, oldest first: 1,1,2 (default: equal)"
     )
     me.add_argument("-o", "--out", required=True, help="the folder to write")
+    me.add_argument(
+        "--eval-batches",
+        type=int,
+        default=8,
+        help="score the merge and the newest checkpoint on this many validation micro-batches "
+        "of 16 (recorded in merge.json, drawn by `octlm report`); 0 = do not",
+    )
     me.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     me.set_defaults(handler=_cmd_merge)
 
@@ -181,7 +188,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from octlm.tools.merge import last_checkpoints, merge
+    from octlm.tools.merge import compare_with_last, last_checkpoints, merge
     from octlm.trainer.checkpoint import find_checkpoint
 
     if args.last is not None:
@@ -192,8 +199,16 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     else:
         sources = [find_checkpoint(source) for source in args.sources]
     weights = None if args.weights is None else _weights(args.weights)
+    checks.check("--eval-batches", args.eval_batches, checks.Int(0), "use 0 to skip, or more")
     path, digest = merge(sources, weights, Path(args.out), args.force)
     print(f"merged {len(sources)} checkpoints into {path}: weights_sha256 {digest}")
+    if args.eval_batches:
+        s = compare_with_last(Path(args.out), sources[-1][0], args.eval_batches)
+        merged, last = s["merged"], s["last"]
+        print(
+            f"val bpb: merged {merged['bpb']:.4f}, last (step {last['step']}) {last['bpb']:.4f}, "
+            f"merged - last {merged['bpb'] - last['bpb']:+.4f} ({merged['tokens']:,} tokens)"
+        )
     return 0
 
 

@@ -64,6 +64,29 @@ def merge(
     return _write(out, merged, metas[-1], sources, weights, step_of)
 
 
+def compare_with_last(out: Path, last: Path, batches: int, micro_batch: int = 16) -> dict:
+    """Validation loss and bits per byte of the merge at `out` and of `last`, the newest file it
+    was made of, on the same windows of the run's validation split (fp32); recorded in
+    merge.json as `eval`, and drawn by `octlm report OUT`."""
+    from octlm.data.dataset_tokenizer import dataset_tokenizer
+    from octlm.evaluate import evaluate_split
+    from octlm.trained import load_model, run_dataset
+
+    scores: dict = {"split": "val", "batches": batches, "micro_batch": micro_batch}
+    for name, path in (("merged", out), ("last", last)):
+        model, info = load_model(path)
+        dataset = run_dataset(info)
+        token_bytes = dataset_tokenizer(dataset).token_bytes_table
+        r = evaluate_split(
+            model, dataset, token_bytes, split="val", batches=batches, micro_batch=micro_batch
+        )
+        scores[name] = {"step": info.step, "loss": r.loss, "bpb": r.bpb, "tokens": r.tokens}
+    record = json.loads((out / ckpt.MERGE_RECORD).read_text(encoding="utf-8"))
+    record["eval"] = scores
+    atomic_write_bytes(out / ckpt.MERGE_RECORD, (json.dumps(record, indent=2) + "\n").encode())
+    return scores
+
+
 def _check(
     sources: list[tuple[Path, str | None]], weights: list[float], out: Path, force: bool
 ) -> None:

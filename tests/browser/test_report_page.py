@@ -303,3 +303,25 @@ def test_a_mixture_and_tasks_get_their_charts(browser, tiny_dataset, speeches, t
     assert page.locator("#chart-tasks path.series").count() == 1
     assert seen.errors == []
     page.close()
+
+
+def test_a_merge_is_listed_against_its_last_checkpoint(browser, runs, tmp_path) -> None:
+    """`octlm merge` scores the merge and the newest checkpoint on the same windows; the report
+    of the merge folder beside the run lists both and the difference."""
+    files = sorted((runs["straight"] / "checkpoints").glob("step_*.safetensors"))[-2:]
+    assert len(files) == 2
+    merged = tmp_path / "merged"
+    printed = run_ok(octlm_cmd("merge", *files, "-o", merged, "--eval-batches", "2"))
+    record = json.loads((merged / "merge.json").read_text())
+    e = record["eval"]
+    assert e["merged"]["tokens"] == e["last"]["tokens"] and e["last"]["step"] == STEPS
+    assert f"merged - last {e['merged']['bpb'] - e['last']['bpb']:+.4f}" in printed
+    page_path = tmp_path / "report.html"
+    run_ok(octlm_cmd("report", runs["straight"], merged, "-o", page_path))
+    assert [m["name"] for m in embedded(page_path)["merges"]] == ["merged"]
+    seen = open_page(browser, page_path)
+    text = seen.page.locator("#merges").inner_text()
+    assert f"{e['merged']['bpb']:.4f}" in text and f"{e['last']['bpb']:.4f} (step {STEPS})" in text
+    assert seen.page.locator("#summary tbody tr").count() == 1  # the merge is not a run
+    assert seen.errors == []
+    seen.page.close()

@@ -11,7 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from octlm.hashing import weights_sha256
+from octlm.tools.report import runs as report_runs
 from octlm.trained import load_weights
+from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import octlm, train_args
 
 pytestmark = pytest.mark.slow
@@ -105,3 +107,7 @@ def test_checkpoints_of_another_shape_are_refused(run, straight_run, tmp_path) -
     other = straight_run("--d-model", "96")
     proc = octlm("merge", str(run), str(other), "-o", str(tmp_path / "m"), check=False)
     assert proc.returncode == 1 and "another shape" in proc.stderr, proc.stderr
+
+
+def test_the_report_names_the_merge_record_as_the_checkpoint_module_does() -> None:
+    assert report_runs.MERGE_RECORD == ckpt.MERGE_RECORD

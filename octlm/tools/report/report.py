@@ -21,7 +21,7 @@ from octlm import __version__
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write_bytes
 from octlm.tools.report.presets import schedule_defaults, schedule_of, schedule_presets
-from octlm.tools.report.runs import load_runs
+from octlm.tools.report.runs import is_merge, load_merge, load_runs
 
 # Inlined in this order, one <script> each: later files use the earlier ones' functions.
 SCRIPTS = ("schedule.js", "charts.js", "runs.js", "playground.js", "main.js")
@@ -64,7 +64,9 @@ def render_page(data: dict[str, Any], title: str) -> str:
     )
 
 
-def page_data(runs: list[dict[str, Any]], title: str) -> dict[str, Any]:
+def page_data(
+    runs: list[dict[str, Any]], title: str, merges: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     presets = [
         {"name": f"run: {r['name']}", "source": r["path"], **schedule}
         for r in runs
@@ -78,14 +80,17 @@ def page_data(runs: list[dict[str, Any]], title: str) -> dict[str, Any]:
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "version": __version__,
         "runs": runs,
+        "merges": merges or [],
         "presets": presets + shipped,
     }
 
 
 def build_report(runs: Sequence[str | Path], title: str | None = None) -> str:
-    loaded = load_runs(list(runs))
-    title = title or "octlm report: " + ", ".join(r["name"] for r in loaded)
-    return render_page(page_data(loaded, title), title)
+    """The page of `runs`: run folders, and `octlm merge` folders (listed, merged vs last)."""
+    merges = [load_merge(r) for r in runs if is_merge(r)]
+    loaded = load_runs([r for r in runs if not is_merge(r)])
+    title = title or "octlm report: " + ", ".join(r["name"] for r in [*loaded, *merges])
+    return render_page(page_data(loaded, title, merges), title)
 
 
 def build_playground(title: str = "octlm playground: schedule and clipping") -> str:

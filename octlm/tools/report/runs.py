@@ -6,6 +6,7 @@ where the input is not a run at all (no log, no header): that is a one-line `Oct
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from octlm.runlog import read_log_counted, require_log
 from octlm.shape import SHAPE_KEYS
 
 SAMPLES_NAME = "samples.txt"
+MERGE_RECORD = "merge.json"
+"""`octlm merge`'s record (trainer/checkpoint.py's MERGE_RECORD, which a test holds equal):
+not imported from there, because that module loads torch and the report does not need it."""
 STEP_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s", "mfu")
 VAL_FIELDS = ("step", "val_loss", "val_ppl", "val_bpb")
 HEADER_FIELDS = (
@@ -126,6 +130,34 @@ def _samples(folder: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]
         if isinstance(r.get("text"), str):
             samples.append({"source": f"log, step {r.get('step', '?')}", "text": r["text"]})
     return samples
+
+
+def is_merge(folder: str | Path) -> bool:
+    """An `octlm merge` folder (merge.json, no log): the report lists it, it draws no curves."""
+    folder = Path(folder)
+    return (folder / MERGE_RECORD).is_file() and not (folder / "log.jsonl").exists()
+
+
+def load_merge(folder: str | Path) -> dict[str, Any]:
+    """A merge as the report shows it: its sources and, if `octlm merge` scored them, the
+    merge against the newest checkpoint it was made of."""
+    path = Path(folder) / MERGE_RECORD
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OctlmError(
+            f"{path} cannot be read ({exc})", "merge again with `octlm merge`"
+        ) from None
+    parts = record.get("merged_from") if isinstance(record, dict) else None
+    if not isinstance(parts, list):
+        raise OctlmError(f"{path} names no merged checkpoints", "merge again with `octlm merge`")
+    return {
+        "name": Path(folder).name,
+        "path": str(Path(folder).resolve()),
+        "sources": [{"step": p.get("step"), "weight": p.get("weight")} for p in parts],
+        "weights_sha256": record.get("weights_sha256"),
+        "eval": record.get("eval"),
+    }
 
 
 def load_runs(runs: list[str | Path]) -> list[dict[str, Any]]:

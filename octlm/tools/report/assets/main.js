@@ -13,6 +13,7 @@
     (n ? `${n} run${n > 1 ? "s" : ""} · ` : "") + `generated ${data.generated} by octlm ${data.version}`;
   if (n) setupRuns(data.runs);
   else document.getElementById("runs").remove();
+  drawMerges(data.merges || []);
   setupSchedule(data.presets);
   setupClipping();
   document.getElementById("footer").textContent =

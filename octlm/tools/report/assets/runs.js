@@ -264,6 +264,30 @@ function drawSamples(runs) {
   document.getElementById("samples").replaceChildren(...blocks);
 }
 
+// `octlm merge` folders: which checkpoints, and the merge against the newest of them, scored by
+// `octlm merge` on the same validation windows (merge.json's `eval`).
+function drawMerges(merges) {
+  document.getElementById("merges-box").hidden = merges.length === 0;
+  const num = (v, digits) => (typeof v === "number" ? v.toFixed(digits) : "–");
+  const rows = merges.map((m) => {
+    const e = m.eval || null;
+    const delta = e ? e.merged.bpb - e.last.bpb : null;
+    const verdict = delta === null ? "not scored: octlm eval shows it" : delta < 0 ? "better" : "not better";
+    return h("tr", {},
+      h("td", {}, m.name),
+      h("td", {}, m.sources.map((s) => `${s.step} (×${s.weight})`).join(", ")),
+      h("td", { class: "num" }, e ? num(e.merged.bpb, 4) : "–"),
+      h("td", { class: "num" }, e ? `${num(e.last.bpb, 4)} (step ${e.last.step})` : "–"),
+      h("td", { class: "num" }, delta === null ? "–" : (delta > 0 ? "+" : "") + delta.toFixed(4)),
+      h("td", {}, verdict),
+      h("td", { class: "mono", title: m.weights_sha256 || "" }, (m.weights_sha256 || "").slice(0, 16) + "…"),
+      h("td", { class: "mono" }, m.path));
+  });
+  const head = ["merge", "steps (weight)", "val bpb merged", "val bpb last", "merged - last",
+    "", "weights_sha256", "folder"];
+  document.getElementById("merges").replaceChildren(table(head, rows));
+}
+
 function setupRuns(runs) {
   document.getElementById("runs").hidden = false;
   document.getElementById("legend").replaceChildren(
