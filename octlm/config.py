@@ -131,6 +131,9 @@ class TrainConfig:
     scales --lr); each matrix's update is scaled up by sqrt(max(1, rows / cols))."""
     muon_momentum: float = _new_trajectory(MUON_DEFAULTS["muon_momentum"])
     """--optimizer muon: Nesterov momentum of the Muon matrices."""
+    muon_ns_steps: int = _new_trajectory(MUON_DEFAULTS["muon_ns_steps"])
+    """--optimizer muon: Newton-Schulz iterations per update (fewer: a cheaper step, a rougher
+    orthogonalisation)."""
     z_loss: float = _new_trajectory(0.0)
     """Weight of the z-loss, the mean of log(Z)^2 over targets (Z: the softmax's normaliser),
     added to the objective against drifting logits; logged beside the loss. 0: off."""
@@ -239,7 +242,12 @@ class TrainConfig:
         )
         require(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
         require(self.order in ORDERS, f"order {self.order!r} is unknown", f"use one of {ORDERS}")
-        check_optimizer(self.optimizer, self.muon_lr, self.muon_momentum)
+        check_optimizer(
+            self.optimizer,
+            muon_lr=self.muon_lr,
+            muon_momentum=self.muon_momentum,
+            muon_ns_steps=self.muon_ns_steps,
+        )
         check_packing(self.packing, self.doc_mask, self.blocks)
         check_data(self.data, self.blocks, self.overfit_blocks)
         require(
@@ -337,6 +345,8 @@ class TrainConfig:
                 d.pop(key)
         if self.optimizer == "muon":  # its settings belong to it, default or not
             d["muon_lr"], d["muon_momentum"] = self.muon_lr, self.muon_momentum
+            # ... but the iterations, added later, only when set: Muon runs written before
+            # keep their fingerprints (they ran the default five).
         d["accum"] = self.accum * world
         d["fused"] = fused_or_default(d["fused"])
         return d

@@ -33,13 +33,14 @@ RANGES: dict[str, checks.Int | checks.Number] = {
     "min_lr_ratio": checks.Number(0, 1),
     "muon_lr": checks.Number(0, 10, lo_open=True),
     "muon_momentum": checks.Number(0, 1, hi_open=True),
+    "muon_ns_steps": checks.Int(1, 20),
     "z_loss": checks.Number(0, 1),
     "dist_timeout": checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True),
 }
 PATH_KEYS = ("out", "data", "init_from", "blocks")
 SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.trainer.schedule)
 OPTIMIZERS = ("adamw", "muon")  # octlm.trainer.optim
-MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95}
+MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95, "muon_ns_steps": 5}
 """TrainConfig's defaults of the Muon keys (its fields take them from here)."""
 DECAY_SHAPES = ("linear", "1-sqrt")
 PACKINGS = ("stream", "bos")  # pretraining rows (octlm.data.windows, octlm.data.bos)
@@ -57,12 +58,14 @@ def require(ok: bool, problem: str, fix: str = CHANGE_IT) -> None:
         raise ConfigError(problem, fix)
 
 
-def check_optimizer(optimizer: str, muon_lr: float, muon_momentum: float) -> None:
+def check_optimizer(optimizer: str, **muon: float) -> None:
+    """The optimizer's name, and no Muon setting (`muon`: the muon_* keys) away from its
+    default unless the optimizer is Muon."""
     require(
         optimizer in OPTIMIZERS, f"optimizer {optimizer!r} is unknown", f"use one of {OPTIMIZERS}"
     )
     if optimizer != "muon":
-        for key, value in (("muon_lr", muon_lr), ("muon_momentum", muon_momentum)):
+        for key, value in muon.items():
             require(
                 value == MUON_DEFAULTS[key],
                 f"{key} is for --optimizer muon, not {optimizer}",

@@ -83,7 +83,9 @@ class MuonAdamW(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.mul_(momentum).add_(p.grad)
             nesterov = p.grad.add(buf, alpha=momentum)
-            direction = _sharded_like(orthogonalize(_whole(nesterov)), p)
+            # A group without ns_steps: a checkpoint's param groups from before the setting.
+            steps = group.get("ns_steps", NS_STEPS)
+            direction = _sharded_like(orthogonalize(_whole(nesterov), steps), p)
             rows, cols = p.shape
             p.mul_(1.0 - lr * group["weight_decay"])
             p.add_(direction, alpha=-lr * math.sqrt(max(1.0, rows / cols)))

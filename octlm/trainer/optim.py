@@ -25,6 +25,7 @@ class OptimSettings(Protocol):
     optimizer: str
     muon_lr: float
     muon_momentum: float
+    muon_ns_steps: int
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -78,6 +79,7 @@ def build_muon(model: nn.Module, cfg: OptimSettings) -> MuonAdamW:
             "params": hidden,
             "lr_ratio": ratio,
             "momentum": cfg.muon_momentum,
+            "ns_steps": cfg.muon_ns_steps,
             "weight_decay": cfg.weight_decay / ratio,
         },
         {**adam, "params": [p for n, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},

@@ -276,3 +276,15 @@ def test_recipe_split_equals_straight(tiny_dataset, straight_run, stopped, tmp_p
     ref = straight_run(*RECIPE)
     assert_same_run(run, ref)
     assert [r["z_loss"] for r in step_records(run)] == [r["z_loss"] for r in step_records(ref)]
+
+
+def test_muon_with_three_newton_schulz_steps_resumes_exactly(
+    tiny_dataset, straight_run, stopped, tmp_path
+) -> None:
+    """--muon-ns-steps 3 (the recipe's cheaper update): split equals straight, and the run is
+    not the five-step one (the control)."""
+    flags = (*MUON, "--muon-ns-steps", "3")
+    run = resume(tiny_dataset, stopped(3, *flags), tmp_path / "split", *flags)
+    ref = straight_run(*flags)
+    assert_same_run(run, ref)
+    assert end_hash(ref) != end_hash(straight_run(*MUON))

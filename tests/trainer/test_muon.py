@@ -148,3 +148,33 @@ def test_set_lr_scales_only_the_muon_group() -> None:
 def test_a_muon_group_refuses_a_vector() -> None:
     with pytest.raises(ValueError, match="only 2-D"):
         MuonAdamW([{"kind": "muon", "params": [torch.nn.Parameter(torch.ones(3))]}], fused=False)
+
+
+def test_fewer_newton_schulz_steps_take_their_own_update() -> None:
+    """--muon-ns-steps 3: the group's iterations, not the default five; a group saved before
+    the setting existed (no ns_steps) takes five, as those runs did."""
+    updates = {}
+    for steps in (3, 5, None):
+        model = model_with_grads()
+        cfg = muon_config(muon_ns_steps=3 if steps == 3 else 5)
+        opt = build_optimizer(model, cfg)
+        set_lr(opt, cfg.lr)
+        if steps is None:
+            del opt.param_groups[0]["ns_steps"]
+        p = model.layers[0].feed_forward.w1.weight
+        before = p.detach().clone()
+        nesterov = p.grad.add(p.grad, alpha=cfg.muon_momentum)
+        opt.step()
+        group = opt.param_groups[0]
+        want = before.mul(1 - group["lr"] * group["weight_decay"])
+        want.add_(orthogonalize(nesterov, steps or 5), alpha=-group["lr"] * math.sqrt(48 / 32))
+        assert torch.equal(p.detach(), want)
+        updates[steps] = p.detach().clone()
+    assert torch.equal(updates[None], updates[5]) and not torch.equal(updates[3], updates[5])
+
+
+def test_ns_steps_join_the_fingerprint_only_when_set() -> None:
+    five, three = muon_config(), muon_config(muon_ns_steps=3)
+    assert "muon_ns_steps" not in five.trajectory(1)
+    assert three.trajectory(1)["muon_ns_steps"] == 3
+    assert five.fingerprint_for(1) != three.fingerprint_for(1)
