@@ -19,14 +19,18 @@ def section_blocks(doc: Path, heading: str, lang: str = "bash") -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
 
 
-def shim(folder: Path, *modules: str) -> Path:
+def shim(folder: Path, *modules: str, python: bool = False) -> Path:
     """A new bin folder under `folder` where each command `m` is this interpreter's `-m m`, so a
-    block's `octlm` is this checkout's, whatever else is on PATH."""
+    block's `octlm` is this checkout's, whatever else is on PATH; with `python`, the block's
+    `python` is this interpreter too."""
     bin_dir = folder / "bin"
     bin_dir.mkdir()
-    for module in modules:
-        script = bin_dir / module
-        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')
+    commands = {module: f"-m {module} " for module in modules}
+    if python:
+        commands["python"] = ""
+    for name, args in commands.items():
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {args}"$@"\n')
         script.chmod(0o755)
     return bin_dir
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,7 @@ def test_the_walkthrough_runs(tmp_path) -> None:
     assert len(blocks) == 1
     work = tmp_path / "work"
     work.mkdir()
-    bin_dir = shim(tmp_path, "octlm")
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (bin_dir / "python").chmod(0o755)
+    bin_dir = shim(tmp_path, "octlm", python=True)
     env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", BATCH="4")
     result = run_block(blocks[0], work, env)
     data = ShardDataset.open(work / "data" / "talk", verify_checksums=True)

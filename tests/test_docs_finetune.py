@@ -4,7 +4,6 @@ and `python` meaning this checkout's interpreter; only its step counts and batch
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,7 @@ def walkthrough() -> str:
 def test_the_walkthrough_runs(tmp_path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    bin_dir = shim(tmp_path, "octlm")
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (bin_dir / "python").chmod(0o755)
+    bin_dir = shim(tmp_path, "octlm", python=True)
     env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", BATCH="4")
     result = run_block(walkthrough(), work, env)
     data = ShardDataset.open(work / "data" / "replies", verify_checksums=True)

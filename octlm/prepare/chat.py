@@ -15,8 +15,7 @@ import numpy as np
 
 from octlm.chat_format import ASSISTANT, Message, encode_chat, parse_messages, turn_text
 from octlm.errors import DataError
-from octlm.prepare.compressed import codec_errors_named, open_decompressed
-from octlm.prepare.sources import JSONL, Source, json_objects
+from octlm.prepare.sources import Source, json_objects
 from octlm.prepare.tables import ARROW, PARQUET, Column, read_columns
 from octlm.tokenizer.core import Tokenizer
 
@@ -44,24 +43,17 @@ def read_conversations(
                 row_id or f"{src.name}:{row}", parse_messages(value, where, specials)
             )
         return
-    if src.kind != JSONL:
-        raise DataError(
-            f"{src.path} holds neither JSON lines nor a table: --format chat reads "
-            ".jsonl/.json/.ndjson files (also .gz/.xz/.bz2/.zst) and .parquet/.arrow files",
-            f'write one {{"{field}": [{{"role": ..., "content": ...}}, ...]}} object per line',
-        )
-    with open(src.path, "rb") as raw, codec_errors_named(src.path, src.compression):
-        stream = open_decompressed(raw, src.compression)
-        for lineno, record in json_objects(stream, src):
-            where = f"{src.path}:{lineno}"
-            if field not in record:
-                raise DataError(
-                    f"{where} has no field {field!r}",
-                    "write one object per line with its turns there, or name the field with "
-                    "--messages-field",
-                )
-            messages = parse_messages(record[field], where, specials)
-            yield Conversation(str(record.get("id", f"{src.name}:{lineno}")), messages)
+    example = f'{{"{field}": [{{"role": ..., "content": ...}}, ...]}}'
+    for lineno, record in json_objects(src, "chat", example):
+        where = f"{src.path}:{lineno}"
+        if field not in record:
+            raise DataError(
+                f"{where} has no field {field!r}",
+                "write one object per line with its turns there, or name the field with "
+                "--messages-field",
+            )
+        messages = parse_messages(record[field], where, specials)
+        yield Conversation(str(record.get("id", f"{src.name}:{lineno}")), messages)
 
 
 def encode_conversations(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -32,9 +32,8 @@ from octlm.data.shards import (
 from octlm.errors import DataError
 from octlm.fsutil import fsync_path
 from octlm.prepare.chat import encode_conversations, read_conversations
-from octlm.prepare.compressed import codec_errors_named, open_decompressed
 from octlm.prepare.folder import check_out, staged, write_manifest
-from octlm.prepare.sources import JSONL, Source, find_sources, json_objects
+from octlm.prepare.sources import Source, find_sources, json_objects
 from octlm.prepare.split import VAL, KeyTable, SplitRule, plan_split
 from octlm.prepare.tables import ARROW, PARQUET, Column, read_columns
 from octlm.prepare.text import check_dataset_settings
@@ -104,15 +103,7 @@ def read_examples(src: Source, prompt_field: str, completion_field: str) -> Iter
     if src.kind in (PARQUET, ARROW):
         yield from _rows(src, prompt_field, completion_field)
         return
-    if src.kind != JSONL:
-        raise DataError(
-            f"{src.path} holds neither JSON lines nor a table: --format {FORMAT} reads "
-            ".jsonl/.json/.ndjson files (also .gz/.xz/.bz2/.zst) and .parquet/.arrow files",
-            f'write one {{"{prompt_field}": ..., "{completion_field}": ...}} object per line',
-        )
-    with open(src.path, "rb") as raw, codec_errors_named(src.path, src.compression):
-        stream = open_decompressed(raw, src.compression)
-        yield from _lines(stream, src, prompt_field, completion_field)
+    yield from _lines(src, prompt_field, completion_field)
 
 
 def _rows(src: Source, prompt_field: str, completion_field: str) -> Iterator[Example]:
@@ -133,10 +124,9 @@ def _rows(src: Source, prompt_field: str, completion_field: str) -> Iterator[Exa
         yield Example(row_id or f"{src.name}:{row}", prompt, completion)
 
 
-def _lines(
-    stream: BinaryIO, src: Source, prompt_field: str, completion_field: str
-) -> Iterator[Example]:
-    for lineno, record in json_objects(stream, src):
+def _lines(src: Source, prompt_field: str, completion_field: str) -> Iterator[Example]:
+    example = f'{{"{prompt_field}": ..., "{completion_field}": ...}}'
+    for lineno, record in json_objects(src, FORMAT, example):
         where = f"{src.path}:{lineno}"
         values = []
         for name, flag in (

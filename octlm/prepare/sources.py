@@ -235,24 +235,33 @@ def _split_text(chunks: Iterable[str], src: Source, sep: str) -> Iterator[Docume
     yield Document(f"{src.name}:{index + 1}", buf)
 
 
-def json_objects(stream: BinaryIO, src: Source) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of each non-blank line of a JSON-lines stream; a line that is not
-    UTF-8, not JSON or not an object is a one-line error naming it."""
-    for lineno, line in enumerate(stream, start=1):
-        where = f"{src.path}:{lineno}"
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DataError(f"{where} is not UTF-8", "re-encode the file as UTF-8") from None
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where} is not valid JSON ({exc.msg})", "fix that line") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where} is not a JSON object", "write one object per line")
-        yield lineno, record
+def json_objects(src: Source, fmt: str, example: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSON-lines file (compressed or not),
+    for `--format fmt`, whose lines look like `example`. A file that is not JSON lines, or a
+    line that is not UTF-8, not JSON or not an object, is a one-line error naming it."""
+    if src.kind != JSONL:
+        raise DataError(
+            f"{src.path} holds neither JSON lines nor a table: --format {fmt} reads "
+            ".jsonl/.json/.ndjson files (also .gz/.xz/.bz2/.zst) and .parquet/.arrow files",
+            f"write one {example} object per line",
+        )
+    with open(src.path, "rb") as raw, codec_errors_named(src.path, src.compression):
+        stream = open_decompressed(raw, src.compression)
+        for lineno, line in enumerate(stream, start=1):
+            where = f"{src.path}:{lineno}"
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{where} is not UTF-8", "re-encode the file as UTF-8") from None
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where} is not valid JSON ({exc.msg})", "fix that line") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{where} is not a JSON object", "write one object per line")
+            yield lineno, record
 
 
 def _read_jsonl(
