@@ -95,6 +95,10 @@ class ChatSession:
                 if not text_so_far.endswith(INCOMPLETE):
                     yield text_so_far[len(shown) :]
                     shown = text_so_far
+            # A reply can end on bytes that never complete a character: show them as decoded.
+            rest = self.tokenizer.decode(new)[len(shown) :]
+            if rest:
+                yield rest
         finally:
             self.ids += [*new, eos]
             self.messages.append(Message(ASSISTANT, self.tokenizer.decode(new)))

@@ -215,3 +215,13 @@ def test_the_same_seed_gives_the_same_sampled_conversation(tiny_tokenizer) -> No
 
     assert reply(1) == reply(1)
     assert reply(1) != reply(2)
+
+
+def test_a_reply_ending_inside_a_character_is_shown_whole(tiny_tokenizer) -> None:
+    """The streamed pieces join to the decoded reply, even when its last bytes never complete
+    a character (a byte-level model can emit any bytes)."""
+    torch.manual_seed(0)
+    model = GPT(unit_config(128)).eval()
+    session = ChatSession(model, tiny_tokenizer, temperature=1.0, max_new_tokens=24, seed=3)
+    shown = "".join(session.reply("Who goes there?"))
+    assert shown == session.messages[-1].content
