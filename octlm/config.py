@@ -89,6 +89,9 @@ class TrainConfig:
     """RMSNorm with a learned gain on each head's queries and keys, before RoPE (default: off)."""
     logit_softcap: float | None = _new_trajectory(None)
     """Cap the logits smoothly to (-C, C): C * tanh(logits / C); 0 is off (default: off)."""
+    zero_init_residual: bool | None = _new_trajectory(None)
+    """Start the blocks' output projections (wo, w2) at zero instead of the scaled normal, so
+    each block begins as the identity (default: off)."""
     out: str = _setting("runs/octlm")
     """Run folder: log.jsonl, checkpoints, snapshots."""
     data: str | None = _setting(None)  # checked through the dataset fingerprint instead

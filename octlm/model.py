@@ -70,6 +70,8 @@ class ModelConfig:
     """RMSNorm (learned gain of head_dim, shared by the heads) on queries and keys before RoPE."""
     logit_softcap: float = 0.0
     """If > 0, logits become C * tanh(logits / C) with C this value; 0 leaves them as they are."""
+    zero_init_residual: bool = False
+    """Start each block's output projections (wo, w2) at zero: every block begins as identity."""
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -80,8 +82,11 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive number")
-        if not isinstance(self.qk_norm, bool):
-            raise ValueError(f"ModelConfig.qk_norm={self.qk_norm!r}: must be true or false")
+        for name in ("qk_norm", "zero_init_residual"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r}: must be true or false"
+                )
         cap = self.logit_softcap
         if not isinstance(cap, (int, float)) or isinstance(cap, bool) or not 0 <= cap < math.inf:
             raise ValueError(f"ModelConfig.logit_softcap={cap!r}: must be 0 (off) or positive")
@@ -276,7 +281,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """Normal(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2L)."""
+        """Normal(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2L), or
+        zero with `zero_init_residual` (modded-nanogpt record #5, nanochat)."""
         std = self.config.init_std
         # Each block adds two residual branches; shrinking their outputs keeps the stream's
         # variance roughly independent of depth at init (GPT-2 style).
@@ -288,7 +294,10 @@ class GPT(nn.Module):
                 nn.init.ones_(module.weight)
         for layer in self.layers:
             for proj in (layer.attention.wo, layer.feed_forward.w2):
-                nn.init.normal_(proj.weight, mean=0.0, std=resid_std, generator=generator)
+                if self.config.zero_init_residual:
+                    nn.init.zeros_(proj.weight)
+                else:
+                    nn.init.normal_(proj.weight, mean=0.0, std=resid_std, generator=generator)
 
     def forward(
         self,

@@ -23,9 +23,10 @@ SHAPE_KEYS = (
     "init_std",
     "qk_norm",
     "logit_softcap",
+    "zero_init_residual",
 )
 """The `ModelConfig` fields a user sets (vocabulary: the data's; context and dropout: the run's).
-The last two are architecture options; every preset leaves them off."""
+The last three are architecture options; every preset leaves them off."""
 MAX_SOFTCAP = 1e4
 """Past this a cap changes no logit a float32 model produces (tanh(x / C) * C == x)."""
 INT_KEYS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff")
@@ -37,6 +38,7 @@ _RULES = {
     "qk_norm": checks.Bool(),
     # 0 is off; a cap under 1 would squash every logit into a near-uniform softmax.
     "logit_softcap": checks.Number(0, MAX_SOFTCAP),
+    "zero_init_residual": checks.Bool(),
 }
 TRAIN_BYTES_PER_PARAMETER = {"ddp": 16, "fsdp": 4}
 """Bytes of memory each parameter needs at the least, per process. ddp: fp32 weights, gradients

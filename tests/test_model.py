@@ -385,7 +385,10 @@ def with_options(**options: object) -> ModelConfig:
 
 
 def test_options_off_build_the_same_model_and_draw_the_same_init() -> None:
-    plain, off = make(), make(with_options(qk_norm=False, logit_softcap=0.0))
+    plain, off = (
+        make(),
+        make(with_options(qk_norm=False, logit_softcap=0.0, zero_init_residual=False)),
+    )
     a, b = plain.state_dict(), off.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -435,10 +438,27 @@ def test_z_loss_sum_is_the_squared_log_normaliser_over_real_targets() -> None:
     torch.testing.assert_close(z_sum, want)
 
 
+def test_zero_init_residual_starts_every_block_as_the_identity() -> None:
+    """wo and w2 start at zero, so each block adds nothing: the logits at init are the output
+    layer of the embedding alone. The other weights draw the plain model's init."""
+    plain, zeroed = make(), make(with_options(zero_init_residual=True))
+    projections = {
+        f"layers.{i}.{n}.weight" for i in range(2) for n in ("attention.wo", "feed_forward.w2")
+    }
+    for name, weight in zeroed.state_dict().items():
+        if name in projections:
+            assert not weight.any()
+        else:
+            assert torch.equal(weight, plain.state_dict()[name])
+    x = batch()
+    torch.testing.assert_close(zeroed(x), zeroed.output(zeroed.tok_embeddings(x)))
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [
         ({"qk_norm": 1}, "qk_norm"),
+        ({"zero_init_residual": "yes"}, "zero_init_residual"),
         ({"logit_softcap": -1.0}, "logit_softcap"),
         ({"logit_softcap": math.inf}, "logit_softcap"),
         ({"logit_softcap": True}, "logit_softcap"),
@@ -450,5 +470,6 @@ def test_bad_option_values_raise(options: dict[str, object], field: str) -> None
 
 
 def test_a_config_written_before_the_options_reads_with_them_off() -> None:
-    old = {k: v for k, v in MICRO.to_dict().items() if k not in ("qk_norm", "logit_softcap")}
+    new = ("qk_norm", "logit_softcap", "zero_init_residual")
+    old = {k: v for k, v in MICRO.to_dict().items() if k not in new}
     assert ModelConfig.from_dict(old) == MICRO

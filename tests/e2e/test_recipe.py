@@ -40,6 +40,7 @@ MUON = ("--optimizer", "muon")
 QK_NORM = ("--qk-norm",)
 SOFTCAP = ("--logit-softcap", "15")
 Z_LOSS = ("--z-loss", "1e-4")
+ZERO_INIT = ("--zero-init-residual",)
 RECIPE = (*MUON, *QK_NORM, *SOFTCAP, *Z_LOSS)
 TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
 ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
@@ -224,7 +225,7 @@ def test_muon_fsdp2_split_equals_straight_and_reshards(
 
 # -- qk-norm, logit soft-cap, z-loss: each alone, then all with Muon --------------------------
 
-OPTIONS = {"qk-norm": QK_NORM, "softcap": SOFTCAP, "z-loss": Z_LOSS}
+OPTIONS = {"qk-norm": QK_NORM, "softcap": SOFTCAP, "z-loss": Z_LOSS, "zero-init": ZERO_INIT}
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
