@@ -40,9 +40,10 @@ from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.prepare.corpus import read_documents
 from octlm.prepare.text import PrepareConfig, prepare
+from octlm.shape import preset
 from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
 from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder
 

@@ -20,7 +20,8 @@ import torch
 
 from octlm.config_files import make_config
 from octlm.hashing import weights_sha256
-from octlm.model import GPT, preset
+from octlm.model import GPT
+from octlm.shape import preset
 
 if not __package__:  # run as `python bench/exactness_costs.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

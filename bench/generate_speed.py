@@ -20,8 +20,9 @@ import time
 
 import torch
 
-from octlm.model import GPT, PRESETS, preset
+from octlm.model import GPT
 from octlm.sampling import generate, generate_batch
+from octlm.shape import PRESETS, preset
 
 PROMPT_LEN = 16
 

@@ -37,9 +37,10 @@ from pathlib import Path
 import torch
 
 from octlm.config_files import make_config
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.peak import measure_peak, store_peak
 from octlm.runlog import read_log
+from octlm.shape import preset
 from octlm.trainer.loop import train
 
 if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from octlm.config_files import make_config
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.runlog import read_log
+from octlm.shape import preset
 from octlm.trainer.inputs import resolve_data
 from octlm.trainer.loop import train
 from octlm.trainer.optim import build_optimizer

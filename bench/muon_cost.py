@@ -22,7 +22,8 @@ import time
 import torch
 
 from octlm.config import TrainConfig
-from octlm.model import GPT, preset
+from octlm.model import GPT
+from octlm.shape import preset
 from octlm.trainer.optim import build_optimizer
 
 SETTINGS = {

@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import save_file
 
 from octlm.hashing import file_checksum
-from octlm.model import GPT, preset
+from octlm.model import GPT
+from octlm.shape import preset
 from octlm.trainer.stwriter import write_safetensors
 
 MODELS = {

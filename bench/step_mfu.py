@@ -34,8 +34,9 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 import octlm.runlog
 from octlm.config_files import make_config
 from octlm.data.order import Sampler
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.peak import measure_peak
+from octlm.shape import preset
 from octlm.trainer import step as step_module
 from octlm.trainer.loop import train
 

@@ -47,9 +47,10 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from octlm.model import GPT, preset
+from octlm.model import GPT
 from octlm.prepare.corpus import embedded_documents
 from octlm.prepare.text import embedded_dataset
+from octlm.shape import preset
 
 ITER_LINE = re.compile(r"^iter (\d+): loss [\d.naninf]+, time ([\d.]+)ms")
 DATASET = "octlm_chars"

@@ -28,7 +28,7 @@ from octlm.config_checks import (
     require,
 )
 from octlm.hashing import sha256_json
-from octlm.shape import SHAPE_KEYS, memory_problem, resolve_shape, shape_problem
+from octlm.shape import PRESETS, SHAPE_KEYS, memory_problem, resolve_shape, shape_problem
 
 DTYPES = ("fp32", "bf16", "fp16")
 ORDERS = ("random", "epoch")  # training data orders (octlm.data.order)
@@ -89,6 +89,9 @@ class TrainConfig:
     """RMSNorm with a learned gain on each head's queries and keys, before RoPE (default: off)."""
     logit_softcap: float | None = _new_trajectory(None)
     """Cap the logits smoothly to (-C, C): C * tanh(logits / C); 0 is off (default: off)."""
+    value_residual: bool | None = _new_trajectory(None)
+    """Every block after the first attends with the mean of its own values and the first
+    block's: ResFormer's value residual, as in modded-nanogpt (default: off)."""
     zero_init_residual: bool | None = _new_trajectory(None)
     """Start the blocks' output projections (wo, w2) at zero instead of the scaled normal, so
     each block begins as the identity (default: off)."""
@@ -235,8 +238,6 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self._check_fields()
-        from octlm.model import PRESETS  # lazy: the CLI parser must not pay for importing torch
-
         require(self.model in PRESETS, f"model {self.model!r} is unknown", f"use {sorted(PRESETS)}")
         require(
             self.parallel in ("ddp", "fsdp"),
@@ -315,8 +316,6 @@ class TrainConfig:
 
     def shape(self) -> dict[str, Any]:
         """The model's resolved shape: the preset's values under the ones this config sets."""
-        from octlm.model import PRESETS  # lazy, as in __post_init__
-
         return resolve_shape(PRESETS[self.model].to_dict(), self.to_dict())
 
     def resolved(self) -> TrainConfig:
@@ -337,8 +336,6 @@ class TrainConfig:
         d = self.to_dict()
         for key in NON_TRAJECTORY_KEYS:
             d.pop(key)
-        from octlm.model import PRESETS  # lazy, as in __post_init__
-
         preset = PRESETS[self.model].to_dict()
         for key in SHAPE_KEYS:
             if d[key] == preset[key]:  # the preset's own value: the same run as leaving it out

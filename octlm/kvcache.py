@@ -58,9 +58,13 @@ def forward_cached(
         cos, sin = model.rope.at((slots - pad.unsqueeze(1)).clamp(min=0))
         mask = padded_causal_mask(pad, start, end)
     h = model.tok_embeddings(ids)
+    first: Tensor | None = None  # the first block's values of these positions (value_residual)
     for i, layer in enumerate(model.layers):
         x = layer.attention_norm(h)
-        h = h + _attend(layer.attention, x, cos, sin, cache, i, start, mask)
+        attended, values = _attend(layer.attention, x, cos, sin, cache, i, start, mask, first)
+        if model.config.value_residual and first is None:
+            first = values
+        h = h + attended
         h = h + layer.feed_forward(layer.ffn_norm(h))
     cache.length = end
     return model.output(h[:, -1:] if last_only else h)
@@ -85,10 +89,12 @@ def _attend(
     layer: int,
     start: int,
     mask: Tensor | None,
-) -> Tensor:
-    """`Attention.forward` for positions start.. of each row, over the cached ones before."""
+    first_values: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """`Attention.forward` for positions start.. of each row, over the cached ones before: its
+    output and the new positions' values."""
     B, T, _ = x.shape
-    q, k, v = attn.qkv(x, cos, sin)
+    q, k, v = attn.qkv(x, cos, sin, first_values)
     end = start + T
     cache.keys[layer][:, :, start:end] = k
     cache.values[layer][:, :, start:end] = v
@@ -103,4 +109,4 @@ def _attend(
         mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
     y = y.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim)
-    return attn.wo(y)
+    return attn.wo(y), v

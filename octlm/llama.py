@@ -22,7 +22,7 @@ from octlm.errors import OctlmError
 if TYPE_CHECKING:
     import torch
 
-    from octlm.model import ModelConfig
+    from octlm.shape import ModelConfig
 
 # octlm name inside each block -> Llama name (w1 = gate, w3 = up, w2 = down in SwiGLU).
 LAYER_NAMES = {
@@ -116,13 +116,20 @@ def octlm_state_dict(
 
 
 def check_exportable(config: ModelConfig) -> None:
-    """Refuse a model that no architecture octlm writes computes: one with a logit soft-cap.
-    transformers' Llama and Qwen3 read no `final_logit_softcapping` (only Gemma 2/3 do)."""
+    """Refuse a model that no architecture octlm writes computes: one with a logit soft-cap
+    (transformers' Llama and Qwen3 read no `final_logit_softcapping`; only Gemma 2/3 do), or
+    with a value residual (no transformers architecture mixes values across layers)."""
     if config.logit_softcap > 0:
         raise LlamaError(
             f"the model uses --logit-softcap {config.logit_softcap:g}, which no Hugging Face "
             "architecture octlm exports to has (Gemma 2's also scales the embeddings, adds norms "
             "and uses GELU)",
+            "export a model trained without it (or use --format safetensors, octlm's own)",
+        )
+    if config.value_residual:
+        raise LlamaError(
+            "the model uses --value-residual (each block attends with the mean of its values "
+            "and the first block's), which no Hugging Face architecture octlm exports to has",
             "export a model trained without it (or use --format safetensors, octlm's own)",
         )
 

@@ -1,10 +1,12 @@
 """Llama-style decoder-only transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
-Two options of the current small-LM recipe, off by default (an unset option builds the model,
+Options of the current small-LM recipe, off by default (an unset option builds the model,
 and draws the init, exactly as before it existed): `qk_norm`, an RMSNorm with a learned gain on
-each head's queries and keys before RoPE (Qwen3's layout), and `logit_softcap`, the logits
-squashed to (-C, C) by C * tanh(logits / C) (Gemma 2, modded-nanogpt). A z-loss is asked of
-the forward pass by the trainer (`z_loss`), not built into the model.
+each head's queries and keys before RoPE (Qwen3's layout); `logit_softcap`, the logits
+squashed to (-C, C) by C * tanh(logits / C) (Gemma 2, modded-nanogpt); `value_residual`, every
+block after the first attending with the mean of its values and the first block's (ResFormer,
+modded-nanogpt's value residual); `zero_init_residual`, the blocks' output projections starting
+at zero. A z-loss is asked of the forward pass by the trainer (`z_loss`), not built into it.
 
 Parameter names follow Llama (`layers.{i}.attention.wq.weight`, ...) so that exporting to
 Hugging Face is a lookup table. The output layer is tied to `tok_embeddings`, and with targets
@@ -13,10 +15,7 @@ the forward pass returns a masked loss *sum* plus a target count for exact gradi
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,141 +31,10 @@ from octlm.positions import (
     segment_block_mask,
     segment_positions,
 )
+from octlm.shape import ModelConfig
 
 IGNORE_INDEX = -100
 """Targets equal to this are excluded from the loss (the data layer maps PAD targets to it)."""
-
-_INT_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "context")
-_FLOAT_FIELDS = ("rope_base", "norm_eps", "init_std")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelConfig:
-    """Shape and init hyperparameters of a GPT; validated on construction."""
-
-    vocab_size: int
-    """Number of token ids; also the width of the (tied) output layer."""
-    d_model: int
-    """Width of the residual stream."""
-    n_layers: int
-    """Number of transformer blocks."""
-    n_heads: int
-    """Number of query heads."""
-    n_kv_heads: int
-    """Number of key/value heads (grouped-query attention); must divide n_heads."""
-    d_ff: int
-    """Hidden width of the SwiGLU feed-forward."""
-    context: int
-    """Maximum sequence length; RoPE tables are precomputed for this many positions."""
-    rope_base: float = 10000.0
-    """RoPE frequency base (theta)."""
-    norm_eps: float = 1e-5
-    """Epsilon inside RMSNorm."""
-    dropout: float = 0.0
-    """Attention and residual dropout probability in training mode."""
-    init_std: float = 0.02
-    """Std of the normal init; residual output projections are scaled down by sqrt(2 * n_layers)."""
-    qk_norm: bool = False
-    """RMSNorm (learned gain of head_dim, shared by the heads) on queries and keys before RoPE."""
-    logit_softcap: float = 0.0
-    """If > 0, logits become C * tanh(logits / C) with C this value; 0 leaves them as they are."""
-    zero_init_residual: bool = False
-    """Start each block's output projections (wo, w2) at zero: every block begins as identity."""
-
-    def __post_init__(self) -> None:
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive int")
-        for name in _FLOAT_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive number")
-        for name in ("qk_norm", "zero_init_residual"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"ModelConfig.{name}={getattr(self, name)!r}: must be true or false"
-                )
-        cap = self.logit_softcap
-        if not isinstance(cap, (int, float)) or isinstance(cap, bool) or not 0 <= cap < math.inf:
-            raise ValueError(f"ModelConfig.logit_softcap={cap!r}: must be 0 (off) or positive")
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout={self.dropout!r}: must be in [0, 1)")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"ModelConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
-                "pick n_heads dividing d_model"
-            )
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"ModelConfig.n_heads={self.n_heads} is not divisible by "
-                f"n_kv_heads={self.n_kv_heads}: pick n_kv_heads dividing n_heads"
-            )
-        if self.head_dim % 2:
-            raise ValueError(
-                f"ModelConfig.head_dim={self.head_dim} (d_model // n_heads) is odd: RoPE needs an "
-                "even head_dim, change d_model or n_heads"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(
-                f"ModelConfig.from_dict: unknown keys {unknown}; valid keys: {sorted(known)}"
-            )
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-        missing = sorted(required - set(d))
-        if missing:
-            raise ValueError(f"ModelConfig.from_dict: missing required keys {missing}")
-        return cls(**d)
-
-
-PRESETS: dict[str, ModelConfig] = {
-    # A test-sized model (about 30k parameters at vocabulary 300): the committed golden run
-    # folder and quick smoke runs, where a checkpoint must stay a few hundred KB.
-    "micro": ModelConfig(
-        vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96, context=64
-    ),
-    # Fast enough for CPU tests and demos (2.36M parameters at vocabulary 4096), yet big enough
-    # to memorise a block at the first seed's 3e-4 within its 200 steps.
-    "tiny": ModelConfig(
-        vocab_size=4096, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512, context=256
-    ),
-    # The seed's 22.0M model: 9.44M non-embedding parameters.
-    "small": ModelConfig(
-        vocab_size=32768, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024, context=1024
-    ),
-    # About 4x small: 88.1M parameters.
-    "main": ModelConfig(
-        vocab_size=32768,
-        d_model=768,
-        n_layers=10,
-        n_heads=12,
-        n_kv_heads=4,
-        d_ff=2048,
-        context=1024,
-    ),
-}
-
-
-def preset(name: str, **overrides: Any) -> ModelConfig:
-    """Return the named preset, with fields replaced by `overrides` (re-validated)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; valid: {sorted(PRESETS)}")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown ModelConfig overrides {unknown}; valid: {sorted(known)}")
-    return dataclasses.replace(PRESETS[name], **overrides)
 
 
 class RMSNorm(nn.Module):
@@ -201,20 +69,34 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.qk_norm = config.qk_norm
 
-    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(
+        self, x: Tensor, cos: Tensor, sin: Tensor, first_values: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, D), keys and values (B, KV, T, D) of `x`, q and k normed (with
-        qk_norm) and rotated: what the forward and the cached decoding (kvcache.py) attend with."""
+        qk_norm) and rotated: what the forward and the cached decoding (kvcache.py) attend with.
+        With `first_values` (value_residual, every block after the first) the values are the
+        mean of this block's and the first block's."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if first_values is not None:
+            v = 0.5 * (v + first_values)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None = None,
+        first_values: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The block's attention output (B, T, C) and the values it attended (B, KV, T, D)."""
         B, T, _ = x.shape
-        q, k, v = self.qkv(x, cos, sin)
+        q, k, v = self.qkv(x, cos, sin, first_values)
         dropout_p = self.dropout_p if self.training else 0.0
         # enable_gqa lets sdpa share each kv head across n_heads // n_kv_heads query heads.
         if mask is None:
@@ -228,7 +110,7 @@ class Attention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
             )
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, C)
-        return self.resid_dropout(self.wo(y))
+        return self.resid_dropout(self.wo(y)), v
 
 
 class FeedForward(nn.Module):
@@ -255,9 +137,18 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
-        return x + self.feed_forward(self.ffn_norm(x))
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None = None,
+        first_values: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The block's output and its attention's values (for value_residual's later blocks)."""
+        attended, values = self.attention(self.attention_norm(x), cos, sin, mask, first_values)
+        x = x + attended
+        return x + self.feed_forward(self.ffn_norm(x)), values
 
 
 class GPT(nn.Module):
@@ -342,11 +233,14 @@ class GPT(nn.Module):
                 mask, positions = segment_attention(segments)
             cos, sin = self.rope.at(positions)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        first: Tensor | None = None  # the first block's values, with value_residual
         for layer in self.layers:
             if recompute:
-                h = checkpoint(layer, h, cos, sin, mask, use_reentrant=False)
+                h, values = checkpoint(layer, h, cos, sin, mask, first, use_reentrant=False)
             else:
-                h = layer(h, cos, sin, mask)
+                h, values = layer(h, cos, sin, mask, first)
+            if self.config.value_residual and first is None:
+                first = values
         logits = self.output(h)
         if targets is None:
             return logits

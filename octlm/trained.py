@@ -16,7 +16,8 @@ from octlm.data.shards import TOKENIZER_NAME, ShardDataset
 from octlm.device import resolve_device
 from octlm.errors import OctlmError
 from octlm.hashing import file_sha256
-from octlm.model import GPT, ModelConfig
+from octlm.model import GPT
+from octlm.shape import ModelConfig
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
 

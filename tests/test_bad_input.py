@@ -120,6 +120,7 @@ TRAIN_TOML = {
     "shape_float_for_int": ("n_layers = 2.0", "n_layers=2.0 must be an integer from 1"),
     "string_for_qk_norm": ('qk_norm = "yes"', "qk_norm='yes' must be true or false"),
     "int_for_zero_init": ("zero_init_residual = 1", "zero_init_residual=1 must be true or false"),
+    "int_for_value_residual": ("value_residual = 0", "value_residual=0 must be true or false"),
     "bool_for_softcap": ("logit_softcap = true", "logit_softcap=True must be a number in [0,"),
     "string_for_optimizer": ("optimizer = 1", "optimizer=1 must be a non-empty string"),
 }

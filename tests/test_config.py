@@ -325,7 +325,7 @@ def test_a_new_run_with_fused_unset_is_another_run_than_an_unfused_one() -> None
 
 
 def test_shape_resolves_to_the_preset_under_the_keys_set() -> None:
-    from octlm.model import PRESETS
+    from octlm.shape import PRESETS
 
     tiny = PRESETS["tiny"]
     cfg = TrainConfig(model="tiny", context=64, d_model=256, n_heads=8, rope_base=5e5)
@@ -441,8 +441,8 @@ def test_every_number_has_a_range_and_every_field_a_rule() -> None:
 def test_the_parameter_count_is_the_models(name: str) -> None:
     import torch
 
-    from octlm.model import GPT, preset
-    from octlm.shape import SHAPE_KEYS, parameter_count
+    from octlm.model import GPT
+    from octlm.shape import SHAPE_KEYS, parameter_count, preset
 
     for changes in ({}, {"vocab_size": 300}, {"n_kv_heads": 1, "d_ff": 40}):
         config = preset(name, **changes)

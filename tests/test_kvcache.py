@@ -54,7 +54,9 @@ def full_logits(model: GPT, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"qk_norm": True}, {"logit_softcap": 15.0}], ids=["plain", "qk", "cap"]
+    "options",
+    [{}, {"qk_norm": True}, {"logit_softcap": 15.0}, {"value_residual": True}],
+    ids=["plain", "qk", "cap", "vres"],
 )
 def test_prefill_chunks_and_single_tokens_give_the_full_forward_logits(options) -> None:
     model = small_model(**options).eval()

@@ -8,17 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from octlm.model import (
-    GPT,
-    IGNORE_INDEX,
-    PRESETS,
-    Attention,
-    FeedForward,
-    ModelConfig,
-    RMSNorm,
-    preset,
-)
+from octlm.model import GPT, IGNORE_INDEX, Attention, FeedForward, RMSNorm
 from octlm.positions import apply_rope, rope_tables
+from octlm.shape import PRESETS, ModelConfig, preset
 
 # A few-layer model small enough that every test runs in well under a second.
 MICRO = ModelConfig(
@@ -228,7 +220,7 @@ def test_gqa_matches_repeated_kv_reference() -> None:
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H * D)
-    torch.testing.assert_close(attn(x, cos, sin), attn.wo(y))
+    torch.testing.assert_close(attn(x, cos, sin)[0], attn.wo(y))
 
 
 def test_rope_relative_position_and_norm() -> None:
@@ -307,14 +299,14 @@ def test_residual_dropout_after_output_projections() -> None:
     cos, sin = rope_tables(cfg.head_dim, 8, cfg.rope_base)
     torch.manual_seed(0)
     # Attention dropout alone would never zero whole output features; residual dropout does.
-    for out in (Attention(cfg).train()(x, cos, sin), FeedForward(cfg).train()(x)):
+    for out in (Attention(cfg).train()(x, cos, sin)[0], FeedForward(cfg).train()(x)):
         assert 0.3 < (out == 0).float().mean().item() < 0.7
-    assert not (Attention(cfg).eval()(x, cos, sin) == 0).any()
+    assert not (Attention(cfg).eval()(x, cos, sin)[0] == 0).any()
 
     # With residual dropout switched off, sdpa's attention dropout still randomises training.
     attn = Attention(cfg).train()
     attn.resid_dropout = torch.nn.Identity()
-    assert not torch.equal(attn(x, cos, sin), attn(x, cos, sin))
+    assert not torch.equal(attn(x, cos, sin)[0], attn(x, cos, sin)[0])
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -385,10 +377,10 @@ def with_options(**options: object) -> ModelConfig:
 
 
 def test_options_off_build_the_same_model_and_draw_the_same_init() -> None:
-    plain, off = (
-        make(),
-        make(with_options(qk_norm=False, logit_softcap=0.0, zero_init_residual=False)),
+    off = with_options(
+        qk_norm=False, logit_softcap=0.0, value_residual=False, zero_init_residual=False
     )
+    plain, off = make(), make(off)
     a, b = plain.state_dict(), off.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -454,11 +446,34 @@ def test_zero_init_residual_starts_every_block_as_the_identity() -> None:
     torch.testing.assert_close(zeroed(x), zeroed.output(zeroed.tok_embeddings(x)))
 
 
+def test_value_residual_averages_each_later_blocks_values_with_the_first_blocks() -> None:
+    """Block 0 attends with its own values; every later block with the mean of its own and
+    block 0's (the same weights, so the plain model's logits differ only through that)."""
+    plain, mixed = make(), make(with_options(value_residual=True))
+    assert mixed.state_dict().keys() == plain.state_dict().keys()
+    mixed.load_state_dict(plain.state_dict())
+    x = batch()
+    assert not torch.allclose(plain(x), mixed(x))
+    h = mixed.tok_embeddings(x)
+    cos, sin = mixed.rope(x.shape[1])
+    first = None
+    for layer in mixed.layers:
+        attn = layer.attention
+        values = attn.wv(layer.attention_norm(h))
+        values = values.view(*x.shape, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        want = values if first is None else 0.5 * (values + first)
+        h, got = layer(h, cos, sin, None, first)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        first = want if first is None else first
+    torch.testing.assert_close(mixed.output(h), mixed(x))
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [
         ({"qk_norm": 1}, "qk_norm"),
         ({"zero_init_residual": "yes"}, "zero_init_residual"),
+        ({"value_residual": 1}, "value_residual"),
         ({"logit_softcap": -1.0}, "logit_softcap"),
         ({"logit_softcap": math.inf}, "logit_softcap"),
         ({"logit_softcap": True}, "logit_softcap"),
@@ -470,6 +485,6 @@ def test_bad_option_values_raise(options: dict[str, object], field: str) -> None
 
 
 def test_a_config_written_before_the_options_reads_with_them_off() -> None:
-    new = ("qk_norm", "logit_softcap", "zero_init_residual")
+    new = ("qk_norm", "logit_softcap", "value_residual", "zero_init_residual")
     old = {k: v for k, v in MICRO.to_dict().items() if k not in new}
     assert ModelConfig.from_dict(old) == MICRO

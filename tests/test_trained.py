@@ -17,7 +17,8 @@ from octlm.cli import main
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
-from octlm.model import GPT, preset
+from octlm.model import GPT
+from octlm.shape import preset
 from octlm.trained import load_model, load_weights, run_dataset, run_tokenizer, tokenizer_file
 from octlm.trainer.checkpoint import (
     CheckpointError,

@@ -117,7 +117,7 @@ def export_hf(
     from safetensors.torch import save_file
 
     from octlm.data.dataset_tokenizer import tokenizer_at
-    from octlm.model import ModelConfig
+    from octlm.shape import ModelConfig
     from octlm.trained import load_weights, tokenizer_file
 
     out = Path(out)

@@ -22,9 +22,9 @@ from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows, Windows, first_windows
 from octlm.errors import OctlmError
 from octlm.evaluate import ValidationSet
-from octlm.model import preset
 from octlm.prepare.corpus import read_documents
 from octlm.prepare.text import embedded_dataset
+from octlm.shape import preset
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer.distributed import DistInfo
 

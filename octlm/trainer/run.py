@@ -25,8 +25,9 @@ from octlm.device import build_changes, build_info, check_device_dtype, keep_fre
 from octlm.errors import ResumeError
 from octlm.evaluate import EvalResult, ValidationSet, combine, validate
 from octlm.hashing import weights_sha256
-from octlm.model import GPT, ModelConfig, preset
+from octlm.model import GPT
 from octlm.runlog import git_commit
+from octlm.shape import ModelConfig, preset
 from octlm.tasks import Task, read_tasks
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.model import GPT, ModelConfig
+from octlm.model import GPT
 from octlm.runlog import read_log
+from octlm.shape import ModelConfig
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import (
     DIST_FLAGS,
@@ -41,6 +42,7 @@ QK_NORM = ("--qk-norm",)
 SOFTCAP = ("--logit-softcap", "15")
 Z_LOSS = ("--z-loss", "1e-4")
 ZERO_INIT = ("--zero-init-residual",)
+VALUE_RESIDUAL = ("--value-residual",)
 RECIPE = (*MUON, *QK_NORM, *SOFTCAP, *Z_LOSS)
 TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
 ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
@@ -225,7 +227,13 @@ def test_muon_fsdp2_split_equals_straight_and_reshards(
 
 # -- qk-norm, logit soft-cap, z-loss: each alone, then all with Muon --------------------------
 
-OPTIONS = {"qk-norm": QK_NORM, "softcap": SOFTCAP, "z-loss": Z_LOSS, "zero-init": ZERO_INIT}
+OPTIONS = {
+    "qk-norm": QK_NORM,
+    "softcap": SOFTCAP,
+    "z-loss": Z_LOSS,
+    "zero-init": ZERO_INIT,
+    "value-residual": VALUE_RESIDUAL,
+}
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))

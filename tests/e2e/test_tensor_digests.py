@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from octlm.cli import main
-from octlm.model import GPT, PRESETS
+from octlm.model import GPT
 from octlm.runlog import read_log
+from octlm.shape import PRESETS
 from octlm.tools.rundiff import diff_folders
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer import loop

@@ -18,7 +18,8 @@ from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.data.windows import StreamWindows
 from octlm.errors import OctlmError
-from octlm.model import GPT, preset
+from octlm.model import GPT
+from octlm.shape import preset
 from octlm.tools.analyze import (
     FP16_MIN_SUBNORMAL,
     token_counts,

@@ -21,8 +21,9 @@ from octlm.cli import main
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
 from octlm.hashing import file_sha256, weights_sha256
-from octlm.model import GPT, ModelConfig
+from octlm.model import GPT
 from octlm.sampling import generate
+from octlm.shape import ModelConfig
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
 from octlm.trained import load_model

@@ -23,7 +23,8 @@ from octlm.cli import main
 from octlm.config_files import make_config
 from octlm.data.shards import ShardDataset
 from octlm.hashing import file_sha256, weights_sha256
-from octlm.model import GPT, ModelConfig, preset
+from octlm.model import GPT
+from octlm.shape import ModelConfig, preset
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.init_from import read_source
 from octlm.trainer.run import build_run
@@ -154,8 +155,18 @@ def test_the_same_weights_without_the_norms_do_not_match(
     assert diff > 0.1
 
 
-def test_a_soft_capped_model_is_refused_in_one_line(tiny_dataset, tmp_path) -> None:
-    capped = dataclasses.replace(QK, qk_norm=False, logit_softcap=15.0)
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ({"logit_softcap": 15.0}, "uses --logit-softcap 15, which no Hugging Face architecture"),
+        ({"value_residual": True}, "uses --value-residual (each block attends with the mean"),
+    ],
+    ids=["softcap", "value-residual"],
+)
+def test_a_model_no_architecture_computes_is_refused_in_one_line(
+    tiny_dataset, tmp_path, option, says
+) -> None:
+    capped = dataclasses.replace(QK, qk_norm=False, **option)
     snap = snapshot(tmp_path / "run", random_model(capped).state_dict(), capped, tiny_dataset)
     busy = tmp_path / "busy"
     busy.mkdir()
@@ -165,7 +176,7 @@ def test_a_soft_capped_model_is_refused_in_one_line(tiny_dataset, tmp_path) -> N
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         lines = proc.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("octlm: error: "), proc.stderr
-        assert "uses --logit-softcap 15, which no Hugging Face architecture" in lines[0]
+        assert says in lines[0]
         assert "export a model trained without it" in lines[0]
     assert not (tmp_path / "hf").exists() and [p.name for p in busy.iterdir()] == ["keep.txt"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left

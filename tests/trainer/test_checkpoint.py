@@ -19,7 +19,8 @@ from safetensors.torch import save, save_file
 
 from octlm.config import TrainConfig
 from octlm.hashing import file_checksum, file_sha256
-from octlm.model import GPT, preset
+from octlm.model import GPT
+from octlm.shape import preset
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.checkpoint import (
     CKPT_DIR,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from octlm.config import TrainConfig
-from octlm.model import PRESETS
+from octlm.shape import PRESETS
 from octlm.trainer.init_from import InitFromError, check_preset, check_shape_keys
 
 SOURCE = PRESETS["tiny"].to_dict()

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from octlm.config import TrainConfig
-from octlm.model import GPT, ModelConfig
+from octlm.model import GPT
+from octlm.shape import ModelConfig
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.muon import MuonAdamW, orthogonalize
 from octlm.trainer.optim import build_optimizer, param_names, set_lr

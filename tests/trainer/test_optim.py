@@ -9,7 +9,8 @@ import torch
 
 from octlm.config import FUSED_DEFAULT, TrainConfig
 from octlm.config_files import make_config
-from octlm.model import GPT, preset
+from octlm.model import GPT
+from octlm.shape import preset
 from octlm.trainer.checkpoint import CheckpointInfo
 from octlm.trainer.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
 from octlm.trainer.resume import settled_defaults

@@ -11,7 +11,8 @@ import contextlib
 import pytest
 import torch
 
-from octlm.model import GPT, IGNORE_INDEX, preset
+from octlm.model import GPT, IGNORE_INDEX
+from octlm.shape import preset
 from octlm.trainer.step import StepSetup, train_step
 
 TINY = preset(
