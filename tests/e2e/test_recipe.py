@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
+from octlm.config_files import SHIPPED_CONFIGS
 from octlm.model import GPT
 from octlm.runlog import read_log
 from octlm.shape import ModelConfig
@@ -297,3 +299,27 @@ def test_muon_with_three_newton_schulz_steps_resumes_exactly(
     ref = straight_run(*flags)
     assert_same_run(run, ref)
     assert end_hash(ref) != end_hash(straight_run(*MUON))
+
+
+def test_the_shipped_recipes_options_resume_exactly(
+    tiny_dataset, straight_run, stopped, tmp_path
+) -> None:
+    """octlm/configs/recipe.toml's trajectory options together, on the tiny run: Muon with three
+    iterations and momentum 0.9, the value residual and zero-initialised projections. Each
+    option alone has its control above; here the run without the recipe's momentum differs."""
+    recipe = tomllib.loads((SHIPPED_CONFIGS / "recipe.toml").read_text())
+    flags = (
+        *MUON,
+        "--muon-ns-steps",
+        str(recipe["muon_ns_steps"]),
+        "--muon-momentum",
+        str(recipe["muon_momentum"]),
+        *VALUE_RESIDUAL,
+        *ZERO_INIT,
+    )
+    assert recipe["value_residual"] and recipe["zero_init_residual"]
+    run = resume(tiny_dataset, stopped(4, *flags), tmp_path / "split", *flags)
+    ref = straight_run(*flags)
+    assert_same_run(run, ref)
+    other = tuple(x if x != str(recipe["muon_momentum"]) else "0.95" for x in flags)
+    assert end_hash(ref) != end_hash(straight_run(*other))
