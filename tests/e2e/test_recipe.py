@@ -46,6 +46,18 @@ Z_LOSS = ("--z-loss", "1e-4")
 ZERO_INIT = ("--zero-init-residual",)
 VALUE_RESIDUAL = ("--value-residual",)
 RECIPE = (*MUON, *QK_NORM, *SOFTCAP, *Z_LOSS)
+SHIPPED_RECIPE = tomllib.loads((SHIPPED_CONFIGS / "recipe.toml").read_text())
+SHIPPED = (
+    *MUON,
+    "--muon-ns-steps",
+    str(SHIPPED_RECIPE["muon_ns_steps"]),
+    "--muon-momentum",
+    str(SHIPPED_RECIPE["muon_momentum"]),
+    *VALUE_RESIDUAL,
+    *ZERO_INIT,
+)
+"""octlm/configs/recipe.toml's trajectory options (Muon with its iterations and momentum, the
+value residual, zero-initialised projections) as flags for the tiny run."""
 TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
 ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
 
@@ -159,6 +171,8 @@ def test_control_muon_momentum_wiped_differs(tiny_dataset, straight_run, stopped
 
 
 # -- Muon on 2 processes: DDP ----------------------------------------------------------------
+# With the shipped recipe's options: the value residual hands the first block's values to the
+# later ones between wrapped blocks (under FSDP2, between sharded ones).
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -174,12 +188,12 @@ def max_weight_diff(a: Path, b: Path) -> float:
 @pytest.fixture(scope="module")
 def muon_single(straight_run) -> Path:
     """One process, accumulation 2: the same global batch as 2 ranks x accumulation 1."""
-    return straight_run(*DIST_FLAGS, "--accum", "2", *MUON)
+    return straight_run(*DIST_FLAGS, "--accum", "2", *SHIPPED)
 
 
 @pytest.fixture(scope="module")
 def muon_ddp(straight_run) -> Path:
-    run = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", *MUON)
+    run = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", *SHIPPED)
     assert '"world": 2' in (run / "log.jsonl").read_text().splitlines()[0]
     return run
 
@@ -196,8 +210,8 @@ def test_muon_resume_across_world_sizes(tiny_dataset, muon_single, tmp_path, dir
     out = tmp_path / direction
     first, second = (("--nproc", "2"), ()) if direction == "2to1" else ((), ("--nproc", "2"))
     accum = ("--accum", "1" if first else "2")
-    octlm(*dist_args(tiny_dataset, out, *accum, *first, "--stop-at", "3", *MUON))
-    proc = octlm(*dist_args(tiny_dataset, out, *accum, *second, "--resume", *MUON))
+    octlm(*dist_args(tiny_dataset, out, *accum, *first, "--stop-at", "3", *SHIPPED))
+    proc = octlm(*dist_args(tiny_dataset, out, *accum, *second, "--resume", *SHIPPED))
     assert "to keep the global batch" in proc.stderr
     assert [s for s, _, _ in steps_of(out)] == list(range(1, DSTEPS + 1))
     assert max_weight_diff(muon_single, out) <= TOLERANCE
@@ -213,16 +227,16 @@ def test_muon_fsdp2_split_equals_straight_and_reshards(
 ) -> None:
     split, one = tmp_path / "fsdp-split", tmp_path / "fsdp-to-1"
     # Validates at step 3 before its checkpoint: FSDP2's root parameters are unsharded then.
-    octlm(*dist_args(tiny_dataset, split, *FSDP, "--stop-at", "3", *MUON))
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--stop-at", "3", *SHIPPED))
     shutil.copytree(split, one)
-    octlm(*dist_args(tiny_dataset, split, *FSDP, "--resume", *MUON))
-    fsdp_straight = straight_run(*DIST_FLAGS, *FSDP, *MUON)
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--resume", *SHIPPED))
+    fsdp_straight = straight_run(*DIST_FLAGS, *FSDP, *SHIPPED)
     assert end_hash(split) == end_hash(fsdp_straight)
     assert steps_of(split) == steps_of(fsdp_straight)
     a, b = optimizer_tensors(split), optimizer_tensors(fsdp_straight)
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
     # Sharded on 2 ranks, checkpointed whole, resumed (resharded) by one process.
-    octlm(*dist_args(tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume", *MUON))
+    octlm(*dist_args(tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume", *SHIPPED))
     assert max_weight_diff(fsdp_straight, one) <= TOLERANCE
     assert max_weight_diff(muon_single, fsdp_straight) <= TOLERANCE
 
@@ -307,16 +321,7 @@ def test_the_shipped_recipes_options_resume_exactly(
     """octlm/configs/recipe.toml's trajectory options together, on the tiny run: Muon with three
     iterations and momentum 0.9, the value residual and zero-initialised projections. Each
     option alone has its control above; here the run without the recipe's momentum differs."""
-    recipe = tomllib.loads((SHIPPED_CONFIGS / "recipe.toml").read_text())
-    flags = (
-        *MUON,
-        "--muon-ns-steps",
-        str(recipe["muon_ns_steps"]),
-        "--muon-momentum",
-        str(recipe["muon_momentum"]),
-        *VALUE_RESIDUAL,
-        *ZERO_INIT,
-    )
+    recipe, flags = SHIPPED_RECIPE, SHIPPED
     assert recipe["value_residual"] and recipe["zero_init_residual"]
     run = resume(tiny_dataset, stopped(4, *flags), tmp_path / "split", *flags)
     ref = straight_run(*flags)
