@@ -34,13 +34,14 @@ RANGES: dict[str, checks.Int | checks.Number] = {
     "muon_lr": checks.Number(0, 10, lo_open=True),
     "muon_momentum": checks.Number(0, 1, hi_open=True),
     "muon_ns_steps": checks.Int(1, 20),
+    "muon_gram": checks.Bool(),
     "z_loss": checks.Number(0, 1),
     "dist_timeout": checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True),
 }
 PATH_KEYS = ("out", "data", "init_from", "blocks")
 SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.trainer.schedule)
 OPTIMIZERS = ("adamw", "muon")  # octlm.trainer.optim
-MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95, "muon_ns_steps": 5}
+MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95, "muon_ns_steps": 5, "muon_gram": False}
 """TrainConfig's defaults of the Muon keys (its fields take them from here)."""
 DECAY_SHAPES = ("linear", "1-sqrt")
 PACKINGS = ("stream", "bos")  # pretraining rows (octlm.data.windows, octlm.data.bos)

@@ -34,21 +34,45 @@ NS_STEPS = 5
 NS_EPS = 1e-7
 
 
-def orthogonalize(update: Tensor, steps: int = NS_STEPS) -> Tensor:
+def orthogonalize(update: Tensor, steps: int = NS_STEPS, *, gram: bool = False) -> Tensor:
     """Newton-Schulz approximation of U V^T for the 2-D `update` = U S V^T (singular values
     land in about [0.7, 1.2], which trains as well as exact ones). bf16 on a GPU, as in the
-    reference; float32 elsewhere, where bf16 matrix products are slower, not faster."""
+    reference; float32 elsewhere, where bf16 matrix products are slower, not faster. `gram`:
+    a rectangular matrix iterates through its Gram matrix (`newton_schulz_gram`, in float32 on
+    every device); a square one has no smaller side and takes the plain form."""
     a, b, c = NS_COEFFICIENTS
-    x = update.to(torch.bfloat16 if update.device.type == "cuda" else torch.float32)
+    x = update.to(torch.bfloat16 if update.device.type == "cuda" and not gram else torch.float32)
     tall = x.size(0) > x.size(1)
     if tall:  # iterate on the wide side: the Gram matrix is the smaller one
         x = x.T
     x = x / x.norm().clamp(min=NS_EPS)  # spectral norm <= Frobenius norm <= 1
-    for _ in range(steps):
-        gram = x @ x.T
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b*G + c*G^2
-        x = torch.addmm(x, poly, x, beta=a)  # a*X + (b*G + c*G^2) X
+    if gram and x.size(0) < x.size(1):
+        x = newton_schulz_gram(x, steps)
+    else:
+        for _ in range(steps):
+            g = x @ x.T
+            poly = torch.addmm(g, g, g, beta=b, alpha=c)  # b*G + c*G^2
+            x = torch.addmm(x, poly, x, beta=a)  # a*X + (b*G + c*G^2) X
     return (x.T if tall else x).to(update.dtype)
+
+
+def newton_schulz_gram(x: Tensor, steps: int) -> Tensor:
+    """The iterations of `orthogonalize` on a wide `x` (rows < cols), the same polynomial in
+    exact arithmetic. Each iterate is Q X, with Q a polynomial in G = X X^T (rows x rows), so
+    the loop updates Q alone and multiplies X twice in all (G, then Q X), instead of twice an
+    iteration: on a 384 x 1024 matrix, three iterations take 2 n^2 m + 9 n^3 multiply-adds
+    against 3 (2 n^2 m + n^3), 25% fewer. Q and G commute (both polynomials in G), so the
+    iterate's own Gram matrix is Q G Q. The bits differ from the plain form's (another order of
+    products), hence a setting of its own."""
+    a, b, c = NS_COEFFICIENTS
+    g0 = x @ x.T
+    q = torch.addmm(g0, g0, g0, beta=b, alpha=c)  # the first iteration: Q = aI + bG + cG^2
+    q.diagonal().add_(a)
+    for _ in range(steps - 1):
+        g = q @ (g0 @ q)
+        poly = torch.addmm(g, g, g, beta=b, alpha=c)
+        q = torch.addmm(q, poly, q, beta=a)
+    return q @ x
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -85,7 +109,8 @@ class MuonAdamW(torch.optim.Optimizer):
             nesterov = p.grad.add(buf, alpha=momentum)
             # A group without ns_steps: a checkpoint's param groups from before the setting.
             steps = group.get("ns_steps", NS_STEPS)
-            direction = _sharded_like(orthogonalize(_whole(nesterov), steps), p)
+            gram = group.get("gram", False)  # False in groups saved before the setting
+            direction = _sharded_like(orthogonalize(_whole(nesterov), steps, gram=gram), p)
             rows, cols = p.shape
             p.mul_(1.0 - lr * group["weight_decay"])
             p.add_(direction, alpha=-lr * math.sqrt(max(1.0, rows / cols)))

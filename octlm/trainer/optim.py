@@ -26,6 +26,7 @@ class OptimSettings(Protocol):
     muon_lr: float
     muon_momentum: float
     muon_ns_steps: int
+    muon_gram: bool
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -80,6 +81,7 @@ def build_muon(model: nn.Module, cfg: OptimSettings) -> MuonAdamW:
             "lr_ratio": ratio,
             "momentum": cfg.muon_momentum,
             "ns_steps": cfg.muon_ns_steps,
+            "gram": cfg.muon_gram,
             "weight_decay": cfg.weight_decay / ratio,
         },
         {**adam, "params": [p for n, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},

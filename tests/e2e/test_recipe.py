@@ -53,11 +53,12 @@ SHIPPED = (
     str(SHIPPED_RECIPE["muon_ns_steps"]),
     "--muon-momentum",
     str(SHIPPED_RECIPE["muon_momentum"]),
+    *(("--muon-gram",) if SHIPPED_RECIPE["muon_gram"] else ()),
     *VALUE_RESIDUAL,
     *ZERO_INIT,
 )
-"""octlm/configs/recipe.toml's trajectory options (Muon with its iterations and momentum, the
-value residual, zero-initialised projections) as flags for the tiny run."""
+"""octlm/configs/recipe.toml's trajectory options (Muon with its iterations, momentum and Gram
+form, the value residual, zero-initialised projections) as flags for the tiny run."""
 TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
 ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
 
@@ -313,6 +314,17 @@ def test_muon_with_three_newton_schulz_steps_resumes_exactly(
     ref = straight_run(*flags)
     assert_same_run(run, ref)
     assert end_hash(ref) != end_hash(straight_run(*MUON))
+
+
+def test_muon_gram_resumes_exactly(tiny_dataset, straight_run, stopped, tmp_path) -> None:
+    """--muon-gram (Newton-Schulz through the Gram matrix): split equals straight, and its bits
+    are not the plain form's (the control, with the same three iterations)."""
+    plain = (*MUON, "--muon-ns-steps", "3")
+    flags = (*plain, "--muon-gram")
+    run = resume(tiny_dataset, stopped(3, *flags), tmp_path / "split", *flags)
+    ref = straight_run(*flags)
+    assert_same_run(run, ref)
+    assert end_hash(ref) != end_hash(straight_run(*plain))
 
 
 def test_the_shipped_recipes_options_resume_exactly(
