@@ -13,7 +13,7 @@ from octlm.config import TrainConfig
 from octlm.model import GPT
 from octlm.shape import ModelConfig
 from octlm.trainer import checkpoint as ckpt
-from octlm.trainer.muon import MuonAdamW, newton_schulz_gram, orthogonalize
+from octlm.trainer.muon import NS_COEFFICIENTS, MuonAdamW, newton_schulz_gram, orthogonalize
 from octlm.trainer.optim import build_optimizer, param_names, set_lr
 
 MICRO = ModelConfig(
@@ -183,7 +183,7 @@ def test_ns_steps_join_the_fingerprint_only_when_set() -> None:
 
 def plain_iterations(x: torch.Tensor, steps: int) -> torch.Tensor:
     """The iteration written out, on an already normalised wide `x`: the definition."""
-    a, b, c = 3.4445, -4.7750, 2.0315
+    a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
         g = x @ x.T
         x = a * x + (b * g + c * g @ g) @ x
