@@ -56,7 +56,12 @@ counted).
 Equal wall clock. Before each training run its side is probed: 15 steps (`--probe-steps`), the
 median step time of all but the first 3, and the extra time those first 3 took over it. The
 run's steps are then sized so that its training loop ends at `--budget` seconds (240):
-N = (budget - extra) / median.
+N = (budget - extra) / median. From the second round on, the budget in that sum is divided by
+the side's calibration: the median, over its earlier rounds, of the training seconds it took
+over the seconds its probe predicted. A short probe can misjudge one trainer's pace the same
+way every round (on a quiet 2-core machine nanoGPT's probe was 3-8% slower than its runs, so
+it trained 221-235 s of the 240 while octlm trained 241-245 s): the calibration takes that
+bias out of every round after the first.
 The probe is repeated in every round, right before that side's run: the 2 shared cores drift by
 ±15%, and a fresh probe sizes each run for the speed the machine has at that moment (the rounds
 then differ by their step counts, which is the noise an equal-wall-clock comparison has; the
@@ -135,6 +140,7 @@ PROBE_DROP = 3
 """A probe's first steps, left out of its median (first-call set-up, nanoGPT's first evaluation)."""
 OCTLM_WARMUP_SHARE = 0.05
 PROBE_RUN_STEPS = 100_000
+CALIBRATION_RANGE = (0.8, 1.25)
 """octlm's probe: a run of this many steps stopped at --probe-steps (`--stop-at`)."""
 SEED = 1337
 """octlm's default seed; with --vary-seed round r trains with SEED + r."""
@@ -229,6 +235,26 @@ def size_steps(budget_s: float, step_ms: float, extra_s: float = 0.0) -> int:
     """The steps whose training ends at `budget_s`: `extra_s` (the first steps' set-up) plus
     steps x `step_ms`; at least 1."""
     return max(1, int((budget_s - extra_s) * 1e3 / step_ms))
+
+
+def calibration(earlier: Sequence[dict]) -> float:
+    """How a side's earlier rounds' training seconds compared with what their probes predicted
+    (the median of train_s / (extra + steps x probe ms)); 1 before any round. A probe of a few
+    steps can be biased for one trainer (nanoGPT's first steps are a few percent slower than its
+    run's average here), and that bias would take a share of the budget from one side only."""
+    ratios = [
+        r["train_s"] / (r["probe_extra_s"] + r["steps"] * r["probe_ms_per_step"] / 1e3)
+        for r in earlier
+        if math.isfinite(r["probe_ms_per_step"])
+    ]
+    # Bounded: beyond a quarter the probe is not biased but wrong (a tiny budget whose first
+    # steps' set-up dominates, a load spike), and an earlier round's accident would size a run
+    # far off the budget.
+    return (
+        min(max(statistics.median(ratios), CALIBRATION_RANGE[0]), CALIBRATION_RANGE[1])
+        if ratios
+        else 1.0
+    )
 
 
 def octlm_warmup(steps: int) -> int:
@@ -591,9 +617,11 @@ class Bench:
         out = self.work / "runs" / f"r{r}-{side.name}"
         if self.args.steps is not None:  # equal steps: no probe, the same count for every side
             probe_ms, extra_s, steps = math.nan, math.nan, self.args.steps
+            calib = math.nan
         else:
             probe_ms, extra_s = self.probe(side, out)
-            steps = size_steps(self.args.budget, probe_ms, extra_s)
+            calib = calibration(side.rounds)
+            steps = size_steps(self.args.budget / calib, probe_ms, extra_s)
         if side.is_octlm:
             seed = SEED + r if self.args.vary_seed else None
             records, wall, config = self.octlm_run(side, steps, octlm_warmup(steps), out, seed=seed)
@@ -631,6 +659,7 @@ class Bench:
             "warmup": warmup,
             "probe_ms_per_step": probe_ms,
             "probe_extra_s": extra_s,
+            "calibration": calib,
             "train_s": train_s,
             "ms_per_step": 1e3 * train_s / steps,
             "process_s": wall,
@@ -766,7 +795,8 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
             side.rounds.append(x)
             print(
                 f"round {r + 1}: {side.name}: {x['steps']} steps (warmup {x['warmup']}, "
-                f"probe {x['probe_ms_per_step']:.1f} ms/step), trained {x['train_s']:.1f} s "
+                f"probe {x['probe_ms_per_step']:.1f} ms/step, calibration "
+                f"{x['calibration']:.3f}), trained {x['train_s']:.1f} s "
                 f"({x['ms_per_step']:.1f} ms/step), "
                 f"held-out {x['bpb']:.4f} bpb",
                 flush=True,

@@ -12,6 +12,7 @@ from bench.quality import (
     BenchError,
     Side,
     bits_per_byte,
+    calibration,
     char_ids,
     check_variants,
     nanogpt_warmup,
@@ -82,6 +83,20 @@ def test_step_sizing_from_a_probe():
     assert probe_estimate([10.0, 10.0, 10.0, 20.0])[1] == 0.0  # a fast start adds nothing
     with pytest.raises(BenchError):
         probe_estimate([1.0, 2.0, 3.0])
+
+
+def test_calibration_from_earlier_rounds():
+    assert calibration([]) == 1.0
+    probe = {"probe_ms_per_step": 200.0, "probe_extra_s": 4.0}
+    # Predicted 4 + 100 x 0.2 = 24 s; the runs took 21.6 s and 26.4 s, then 24 s: 0.9, 1.1, 1.
+    rounds = [{**probe, "steps": 100, "train_s": t} for t in (21.6, 26.4, 24.0)]
+    assert calibration(rounds[:1]) == pytest.approx(0.9)
+    assert calibration(rounds) == pytest.approx(1.0)
+    # Bounded: a probe that was off by half was wrong, not biased.
+    assert calibration([{**rounds[0], "train_s": 12.0}]) == 0.8
+    assert calibration([{**rounds[0], "train_s": 48.0}]) == 1.25
+    # --steps rounds have no probe (NaN): they say nothing of it.
+    assert calibration([{**rounds[0], "probe_ms_per_step": math.nan}]) == 1.0
 
 
 def test_warmups_scale_with_the_run():
