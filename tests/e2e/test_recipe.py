@@ -56,9 +56,11 @@ SHIPPED = (
     *(("--muon-gram",) if SHIPPED_RECIPE["muon_gram"] else ()),
     *VALUE_RESIDUAL,
     *ZERO_INIT,
+    *(QK_NORM if SHIPPED_RECIPE.get("qk_norm") else ()),
 )
 """octlm/configs/recipe.toml's trajectory options (Muon with its iterations, momentum and Gram
-form, the value residual, zero-initialised projections) as flags for the tiny run."""
+form, the value residual, zero-initialised projections, QK-norm when it has it) as flags for
+the tiny run."""
 TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
 ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
 
