@@ -36,6 +36,32 @@ def octlm(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+NAN_SITE = """
+import sys
+
+if {marker!r} in sys.argv:
+    from octlm.trainer import step as step_module
+
+    real = step_module._backward
+
+    def poisoned(setup, *args):
+        loss, z_term = real(setup, *args)
+        return loss * float("nan"), z_term
+
+    step_module._backward = poisoned
+"""
+
+
+def nan_loss_pythonpath(folder: Path, marker: str) -> str:
+    """A PYTHONPATH (the current one after it) whose sitecustomize makes the loss NaN at every
+    step, after the real forward and backward, in each octlm process whose command line holds
+    `marker`: a non-finite run on every machine, where a high learning rate would diverge or
+    not by the CPU's rounding (test_crash.py poisons in-process the same way)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(NAN_SITE.format(marker=marker))
+    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+
+
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return [
         "train",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from octlm.runlog import read_log
+from tests.e2e.helpers import nan_loss_pythonpath
 
 pytestmark = pytest.mark.slow
 
@@ -113,32 +114,10 @@ def test_sweep_runs_summarises_and_resumes_exactly(tiny_dataset, tmp_path) -> No
     }
 
 
-POISON = """
-import sys
-
-if "1000000.0" in sys.argv:  # the run of the grid's lr=1e6, and no other
-    from octlm.trainer import step as step_module
-
-    real = step_module._backward
-
-    def poisoned(setup, *args):
-        loss, z_term = real(setup, *args)
-        return loss * float("nan"), z_term
-
-    step_module._backward = poisoned
-"""
-"""A sitecustomize for the sweep's runs: the run with lr 1e6 has a NaN loss at its first step
-on every machine (the real forward and backward run first, as in test_crash.py's poisoned
-steps). The learning rate alone would diverge or not by the CPU's rounding."""
-
-
 def test_a_sweep_with_a_failed_run_exits_1_naming_it(tiny_dataset, tmp_path) -> None:
     """The lr=1e6 run's loss is non-finite (poisoned): that run fails, the other one still runs
     to its end, and the sweep's exit status says it failed (before, it was 0)."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(POISON)
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    path = nan_loss_pythonpath(tmp_path / "site", "1000000.0")  # the run of lr=1e6 alone
     out = tmp_path / "sw"
     flags = ["--model", "micro", "--data", str(tiny_dataset), "--context", "32"]
     flags += ["--micro-batch", "2", "--accum", "1", "--steps", "2", "--warmup", "0"]

@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 
 from octlm.runlog import read_log
-from tests.e2e.helpers import end_hash, listed, octlm, steps_of, train_args
+from tests.e2e.helpers import (
+    end_hash,
+    listed,
+    nan_loss_pythonpath,
+    octlm,
+    steps_of,
+    train_args,
+)
 from tests.trackers_read import (
     expected_scalars,
     log_numbers,
@@ -81,12 +88,16 @@ def test_split_with_trackers_equals_straight_without(tiny_dataset, tmp_path, mon
 
 
 def test_a_run_that_fails_is_marked_failed_in_wandb(tiny_dataset, tmp_path, monkeypatch):
-    """A run ended by an error (here the non-finite stop) reports a non-zero exit code, so W&B
-    shows it failed rather than finished; the control is the test above, whose sessions
-    report 0."""
+    """A run ended by an error (here the non-finite stop, its loss poisoned) reports a non-zero
+    exit code, so W&B shows it failed rather than finished; the control is the test above,
+    whose sessions report 0."""
     offline_wandb(tmp_path, monkeypatch)
     out = tmp_path / "nan"
-    flags = ("--lr", "1e6", "--warmup", "0", "--accum", "1", "--grad-clip", "0")
+    monkeypatch.setenv("PYTHONPATH", nan_loss_pythonpath(tmp_path / "site", str(out)))
+    # A real `python -m octlm`: a fork of tests/octlm_process.py's server would have run its
+    # sitecustomize with the server's command line, not the run's.
+    monkeypatch.setenv("OCTLM_TEST_FRESH", "1")
+    flags = ("--warmup", "0", "--accum", "1")
     proc = octlm(*train_args(tiny_dataset, out, *MICRO, *flags, "--log-to", "wandb"), check=False)
     assert proc.returncode == 1 and "non-finite" in proc.stderr
     (folder,) = (tmp_path / "wandb" / "wandb").glob("offline-run-*")
