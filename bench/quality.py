@@ -140,8 +140,9 @@ PROBE_DROP = 3
 """A probe's first steps, left out of its median (first-call set-up, nanoGPT's first evaluation)."""
 OCTLM_WARMUP_SHARE = 0.05
 PROBE_RUN_STEPS = 100_000
-CALIBRATION_RANGE = (0.8, 1.25)
 """octlm's probe: a run of this many steps stopped at --probe-steps (`--stop-at`)."""
+CALIBRATION_RANGE = (0.8, 1.25)
+"""The bounds of a side's calibration (`calibration`)."""
 SEED = 1337
 """octlm's default seed; with --vary-seed round r trains with SEED + r."""
 NANOGPT_RECIPE = {  # nanoGPT's config/train_shakespeare_char.py
