@@ -87,6 +87,17 @@ class MuonAdamW(torch.optim.Optimizer):
             if group["kind"] == "muon" and any(p.dim() != 2 for p in group["params"]):
                 raise ValueError("MuonAdamW: a muon group holds only 2-D matrices")
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        # torch's loader leaves each "step" on the CPU unless the param group says fused or
+        # capturable (torch.optim.AdamW's groups do; ours keep `fused` on the optimizer), and
+        # the fused AdamW kernel wants it on the parameter's device: a resumed CUDA run
+        # failed at its first step. The count is an integer, so the move changes no bit.
+        if self.fused:
+            for p, state in self.state.items():
+                if "step" in state:
+                    state["step"] = state["step"].to(p.device)
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
         if closure is not None:

@@ -135,6 +135,25 @@ def test_state_round_trips_through_the_checkpoint_layout() -> None:
     )
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_loaded_step_count_lives_where_its_adamw_kernel_wants_it(fused) -> None:
+    """torch's loader keeps "step" on the CPU unless a param group says fused; the fused
+    kernel wants it on the parameter's device (a resumed CUDA run of the recipe failed at its
+    first step). A parameter on the meta device stands in for a GPU here."""
+    saved = MuonAdamW([{"kind": "adamw", "params": [torch.zeros(3)], "betas": (0.9, 0.95),
+                        "eps": 1e-8, "lr": 1e-3}], fused=fused)  # fmt: skip
+    saved.param_groups[0]["params"][0].grad = torch.ones(3)
+    saved.step()
+    on_meta = torch.zeros(3, device="meta")
+    loaded = MuonAdamW([{"kind": "adamw", "params": [on_meta], "betas": (0.9, 0.95),
+                         "eps": 1e-8, "lr": 1e-3}], fused=fused)  # fmt: skip
+    loaded.load_state_dict(saved.state_dict())
+    state = loaded.state[on_meta]
+    assert state["exp_avg"].device.type == "meta"
+    assert state["step"].device.type == ("meta" if fused else "cpu")  # the non-fused layout
+    assert state["step"].dtype == torch.float32
+
+
 def test_set_lr_scales_only_the_muon_group() -> None:
     model = model_with_grads()
     opt = build_optimizer(model, muon_config(muon_lr=0.05, lr=1e-3))
