@@ -19,7 +19,27 @@ def rope_tables(head_dim: int, n_positions: int, base: float) -> tuple[Tensor, T
     angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv_freq)  # (T, D/2)
     # Both halves share frequencies: dim i pairs with i + D/2 (HF Llama layout, not interleaved).
     angles = torch.cat((angles, angles), dim=-1)  # (T, D)
-    return angles.cos(), angles.sin()
+    return on_this_thread(torch.cos, angles), on_this_thread(torch.sin, angles)
+
+
+SERIAL_ELEMENTS = 1024
+"""Half the grain at which ATen splits an elementwise MKL-VML kernel (cos, sin, exp, ...)
+across threads (2048, aten/src/ATen/cpu/vml.h): a call on fewer elements runs on the calling
+thread alone."""
+
+
+def on_this_thread(fn: Any, x: Tensor) -> Tensor:
+    """fn(x) for an elementwise fn, computed in slices that never reach a second thread.
+
+    Why: on a 2-core AVX-512 machine (PyTorch 2.13 CPU, MKL 2024.0 with VML_HA), in about one
+    fresh process in six the first parallel `cos` of a 256 x 64 table came back up to 1.5e-4
+    off on the second thread's half, while the same process's single-threaded `cos` was
+    right: a race on first use, not rounding. The tables feed every step, so that process's
+    run parted from every other. Slicing changes no bit of a correct result (each element is
+    computed alone), so run folders written before this resume onto the same tables.
+    """
+    flat = x.reshape(-1)
+    return torch.cat([fn(part) for part in flat.split(SERIAL_ELEMENTS)]).view_as(x)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from octlm.model import GPT, IGNORE_INDEX, Attention, FeedForward, RMSNorm
-from octlm.positions import apply_rope, rope_tables
+from octlm.positions import SERIAL_ELEMENTS, apply_rope, on_this_thread, rope_tables
 from octlm.shape import PRESETS, ModelConfig, preset
 
 # A few-layer model small enough that every test runs in well under a second.
@@ -238,6 +242,44 @@ def test_rope_relative_position_and_norm() -> None:
     assert not torch.allclose(rot(q, 10) @ rot(k, 4), base)  # but it does depend on m - n
     for pos in (0, 5, 63):
         torch.testing.assert_close(rot(q, pos).norm(), q.norm())
+
+
+def test_on_this_thread_is_the_single_threaded_result_in_slices_below_the_grain() -> None:
+    x = torch.linspace(-300.0, 300.0, 13 * 800).view(-1, 13)  # slices that cut rows
+    assert x.numel() > 2 * SERIAL_ELEMENTS
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        expected = x.cos(), x.sin()
+    finally:
+        torch.set_num_threads(threads)
+    got = on_this_thread(torch.cos, x), on_this_thread(torch.sin, x)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert got[0].shape == x.shape
+
+
+ROPE_HASH = (
+    "import hashlib, octlm; from octlm.positions import rope_tables; "
+    "c, s = rope_tables(64, 256, 10000.0); "
+    "print(hashlib.sha256(c.numpy().tobytes() + s.numpy().tobytes()).hexdigest())"
+)
+
+
+@pytest.mark.slow
+def test_fresh_processes_at_two_threads_build_the_tables_one_thread_builds() -> None:
+    """On a 2-core AVX-512 machine, before the tables were built on one thread, about one
+    fresh process in six computed the second thread's half of a parallel `cos` up to 1.5e-4
+    off (a race on first use); the tables feed every step, so that process's run parted from
+    every other. Fresh processes at two threads, one after another (side by side they rarely
+    race), must all build the one-thread tables."""
+    cos, sin = rope_tables(64, 256, 10000.0)
+    expected = hashlib.sha256(cos.numpy().tobytes() + sin.numpy().tobytes()).hexdigest()
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    for _ in range(6):
+        out = subprocess.run(
+            [sys.executable, "-c", ROPE_HASH], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.stdout.strip() == expected, out.stderr
 
 
 def test_rope_uses_rotate_half_layout() -> None:
