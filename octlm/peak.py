@@ -20,6 +20,10 @@ from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write_bytes, cache_dir
 
 SIZES = (512, 1024, 2048)
+"""A CPU's: 2048 already takes most of a second on 2 cores."""
+GPU_SIZES = (2048, 4096, 8192)
+"""A GPU's: on an H200, 2048 x 2048 products (22 us each) measured 420 TFLOP/s, half of what
+8192 reaches (about 790): the smaller sizes time the launch, and MFU came out twice too high."""
 # Dense bf16 tensor-core peaks (FLOP/s) for MFU, matched against torch.cuda.get_device_name in
 # order (the first pattern that matches wins, so a variant comes before its family). Datasheet
 # numbers, without sparsity; the RTX 4060 Laptop GPU's is the second seed's measured matmul rate
@@ -76,16 +80,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def default_sizes(device: torch.device) -> tuple[int, ...]:
+    return SIZES if device.type == "cpu" else GPU_SIZES
+
+
 def measure_peak(
-    device: torch.device | str, dtype: str, seconds: float = 5.0, sizes: tuple[int, ...] = SIZES
+    device: torch.device | str,
+    dtype: str,
+    seconds: float = 5.0,
+    sizes: tuple[int, ...] | None = None,
 ) -> PeakResult:
-    """Best matmul FLOP/s within about `seconds`, shared among the sizes (smallest first).
+    """Best matmul FLOP/s within about `seconds`, shared among the sizes (smallest first;
+    default: SIZES on a CPU, GPU_SIZES on a GPU).
 
     A size whose single matmul would not fit in the time left (predicted from the best rate so
     far) is skipped, so a short budget on a slow dtype still returns quickly.
     """
     device = resolve_device(device)
     _check(device, dtype)
+    sizes = default_sizes(device) if sizes is None else sizes
     if seconds <= 0:
         raise OctlmError(f"--seconds {seconds} leaves no time to measure", "use --seconds > 0")
     start = time.perf_counter()

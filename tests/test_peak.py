@@ -15,7 +15,16 @@ import pytest
 import torch
 
 from octlm.errors import OctlmError
-from octlm.peak import SIZES, cache_key, cache_path, measure_peak, measured_peak, store_peak
+from octlm.peak import (
+    GPU_SIZES,
+    SIZES,
+    cache_key,
+    cache_path,
+    default_sizes,
+    measure_peak,
+    measured_peak,
+    store_peak,
+)
 
 
 @pytest.fixture
@@ -84,3 +93,10 @@ def test_cli(cache: Path) -> None:
     assert "FLOP/s" in proc.stdout and str(cache) in proc.stdout
     # The subprocess inherits OMP_NUM_THREADS from conftest, so its key is this process's key.
     assert measured_peak("cpu", "fp32") > 1e8
+
+
+def test_a_gpu_is_timed_on_products_large_enough_to_hide_the_launch() -> None:
+    # On an H200, 2048 x 2048 products reached 420 TFLOP/s and 8192 x 8192 about 790.
+    assert default_sizes(torch.device("cpu")) == SIZES
+    assert default_sizes(torch.device("cuda", 0)) == GPU_SIZES
+    assert max(GPU_SIZES) >= 8192
