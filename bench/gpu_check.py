@@ -1,6 +1,7 @@
-"""The GPU checks, as one prepared script for a session that is lent a GPU (not yet run on one).
+"""The GPU checks, as one prepared script for a session that is lent a GPU (first run on an H200
+on 2026-12-04: docs/performance.md, "On a GPU").
 
-    .venv/bin/python -m bench.gpu_check                   # on a CUDA machine, about 10 minutes
+    .venv/bin/python -m bench.gpu_check                   # on a CUDA machine, over 15 minutes
     .venv/bin/python -m bench.gpu_check --device cpu --models tiny --context 64 --micro-batch 2 \
         --accum 1 --steps 6 --variants bf16,fused --split 3    # a smoke test of the script itself
 
@@ -23,6 +24,16 @@
 5. NCCL (issue 18), with two GPUs or more: DDP and FSDP on 2 processes (one GPU each, device
    per local rank), straight against stopped and resumed, with `--deterministic`; the weights
    hashes must match. Skipped, saying so, on one GPU.
+6. The shipped recipe (issue 28): verify-resume of `--config recipe` (Muon with Newton-Schulz
+   through the Gram matrix, QK-norm, value residual) on the device in fp32 as shipped, Muon's
+   optimizer step against the forward and backward; then (`recipe_compiled`) in bf16 with
+   --compile. On CUDA with --deterministic, without which two straight runs part.
+
+`--sections` picks and orders them. On one H200 the exactness part took 367 s (nine compiles in
+fresh processes) and `small`'s six speed variants about 100 s: a 15-minute lease holds the
+parts in two or three calls, most needed first; the output should be tee'd to a file, so a
+call cut short still brings back what it printed. A section that fails prints
+its traceback and the next one runs; the script exits 1 if any failed.
 """
 
 from __future__ import annotations
@@ -32,11 +43,12 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-from octlm.config_files import make_config
+from octlm.config_files import config_path, make_config
 from octlm.model import GPT
 from octlm.peak import measure_peak, store_peak
 from octlm.runlog import read_log
@@ -221,7 +233,7 @@ def doc_mask(args: argparse.Namespace) -> None:
                 torch.cuda.synchronize()
             times[flex].append(time.perf_counter() - start)
             grads = {k: p.grad for k, p in model.named_parameters()} if cuda else {}
-            results[flex] = (float(loss / n), grads)
+            results[flex] = (float((loss / n).detach()), grads)
     (dense_loss, dense_grads), (flex_loss, flex_grads) = results[False], results[True]
     worst = max(
         (float((dense_grads[k] - flex_grads[k]).abs().max()) for k in dense_grads), default=0.0
@@ -232,9 +244,79 @@ def doc_mask(args: argparse.Namespace) -> None:
         f"largest gradient difference {worst:.3e}{'' if cuda else ' (CPU: forward only)'}; "
         f"fwd+bwd dense {dense_s * 1e3:.1f} ms, flex {flex_s * 1e3:.1f} ms"
     )
-    cfg = base_config(model_name, args, args.steps, fused=True, packing="bos", doc_mask=True)
+    cfg = base_config(
+        model_name, args, args.steps, fused=True, packing="bos", doc_mask=True, deterministic=cuda
+    )  # on CUDA without --deterministic two straight runs part already (the exactness part)
     summaries, _ = verify_resume(cfg, [args.split], keep=False, echo=lambda _: None)
     print("\n".join(format_table(summaries)))
+
+
+def recipe_config(args: argparse.Namespace, **changes):
+    """`--config recipe` on the device, short; --deterministic on CUDA, where the default
+    kernels already part two straight runs (the exactness section)."""
+    cfg = make_config(
+        config_path("recipe"), steps=args.steps, warmup=2, val_every=0, ckpt_every=0,
+        progress=False, device=args.device, deterministic=args.device.startswith("cuda"),
+    )  # fmt: skip
+    return cfg.replace(**changes)
+
+
+def recipe(args: argparse.Namespace) -> None:
+    """The shipped recipe on the device as shipped (fp32): verify-resume, then Muon's step
+    time beside a forward and backward (bench/muon_cost.py's measure, at the recipe's shape)."""
+    from octlm.tools.verify import format_table, verify_resume
+    from octlm.trainer.optim import build_optimizer
+
+    shipped = recipe_config(args)
+    summaries, _ = verify_resume(shipped, [args.split], keep=False, echo=lambda _: None)
+    print(f"\nverify-resume, --config recipe, fp32 as shipped, {shipped.device}:")
+    print("\n".join(format_table(summaries)))
+    torch.manual_seed(0)
+    # bench/quality.py's vocabulary (4096): the class where the recipe was chosen.
+    shape = preset(shipped.model, vocab_size=4096, context=shipped.context, **shipped.shape())
+    model = GPT(shape).to(args.device)
+    optimizer = build_optimizer(model, shipped)
+    x = torch.randint(0, 4096, (shipped.micro_batch, shipped.context)).to(args.device)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    times: dict[str, list[float]] = {"fwd+bwd": [], "muon step": []}
+    for _ in range(args.rounds * 5 + 2):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        loss, n = model(x, x.roll(-1, dims=1))
+        (loss / n).backward()
+        sync()
+        middle = time.perf_counter()
+        optimizer.step()
+        sync()
+        times["fwd+bwd"].append(middle - start)
+        times["muon step"].append(time.perf_counter() - middle)
+    fb, mu = (statistics.median(t[2:]) for t in times.values())  # two warm-ups dropped
+    print(
+        f"recipe shape, {shipped.micro_batch} x {shipped.context}, fp32: "
+        f"fwd+bwd {fb * 1e3:.2f} ms, "
+        f"Muon step {mu * 1e3:.2f} ms ({100 * mu / (fb + mu):.1f}% of a step)"
+    )
+
+
+def recipe_compiled(args: argparse.Namespace) -> None:
+    """The shipped recipe in bf16 with --compile: verify-resume."""
+    from octlm.tools.verify import format_table, verify_resume
+
+    cfg = recipe_config(args, dtype="bf16", compile=True)
+    summaries, _ = verify_resume(cfg, [args.split], keep=False, echo=lambda _: None)
+    print(f"\nverify-resume, --config recipe, bf16 + compile, {cfg.device}:")
+    print("\n".join(format_table(summaries)))
+
+
+SECTIONS = {
+    "exactness": exactness,
+    "recipe": recipe,
+    "recipe_compiled": recipe_compiled,
+    "doc_mask": doc_mask,
+    "speed": speed,
+    "profile": profile,
+    "nccl": nccl,
+}
 
 
 def main() -> None:
@@ -248,17 +330,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--split", type=int, default=6)
-    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="which checks, in this order")
     ap.add_argument("--profile-out", default="gpu-profile", help="folder for the profile run")
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: pass --device cpu for a smoke test")
-    if not args.skip_speed:
-        speed(args)
-    profile(args)
-    doc_mask(args)
-    exactness(args)
-    nccl(args)
+    names = [n for n in args.sections.split(",") if n]
+    unknown = sorted(set(names) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"unknown section(s) {unknown}: choose from {', '.join(SECTIONS)}")
+    failed = []
+    for name in names:
+        start = time.perf_counter()
+        print(f"\n== {name} ==", flush=True)
+        try:
+            SECTIONS[name](args)
+        except Exception:  # report and go on: one lease, as many answers as it can give
+            traceback.print_exc()
+            failed.append(name)
+        print(f"== {name}: {time.perf_counter() - start:.0f} s", flush=True)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
