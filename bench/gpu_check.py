@@ -32,8 +32,8 @@ on 2026-12-04: docs/performance.md, "On a GPU").
 `--sections` picks and orders them. On one H200 the exactness part took 367 s (nine compiles in
 fresh processes) and `small`'s six speed variants about 100 s: a 15-minute lease holds the
 parts in two or three calls, most needed first; the output should be tee'd to a file, so a
-call cut short still brings back what it printed. A section that fails prints
-its traceback and the next one runs; the script exits 1 if any failed.
+call cut short still brings back what it printed. A section that fails prints its traceback
+and the next one runs; the script exits 1 if any failed.
 """
 
 from __future__ import annotations
