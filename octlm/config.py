@@ -143,6 +143,12 @@ class TrainConfig:
     muon_gram: bool = _new_trajectory(MUON_DEFAULTS["muon_gram"])
     """--optimizer muon: iterate a rectangular matrix's Newton-Schulz on its small Gram matrix
     (the same polynomial, rounded differently: about a quarter fewer flops on a 384x1024)."""
+    muon_ns_dtype: str = _new_trajectory(MUON_DEFAULTS["muon_ns_dtype"])
+    """--optimizer muon: the Newton-Schulz products' dtype: auto (bf16 on a GPU, as in the
+    reference, except through the Gram matrix; fp32 elsewhere), fast (bf16 where the device
+    multiplies bf16 fast: a GPU, or a CPU with AMX, where it is about three times fp32's speed;
+    fp32 elsewhere, where bf16 is many times slower; settled when the run starts), fp32, or
+    bf16 (on any device)."""
     z_loss: float = _new_trajectory(0.0)
     """Weight of the z-loss, the mean of log(Z)^2 over targets (Z: the softmax's normaliser),
     added to the objective against drifting logits; logged beside the loss. 0: off."""
@@ -255,6 +261,7 @@ class TrainConfig:
             muon_momentum=self.muon_momentum,
             muon_ns_steps=self.muon_ns_steps,
             muon_gram=self.muon_gram,
+            muon_ns_dtype=self.muon_ns_dtype,
         )
         check_packing(self.packing, self.doc_mask, self.blocks)
         check_data(self.data, self.blocks, self.overfit_blocks)

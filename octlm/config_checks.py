@@ -41,7 +41,14 @@ RANGES: dict[str, checks.Int | checks.Number] = {
 PATH_KEYS = ("out", "data", "init_from", "blocks")
 SCHEDULES = ("cosine", "wsd")  # learning-rate shapes after warmup (octlm.trainer.schedule)
 OPTIMIZERS = ("adamw", "muon")  # octlm.trainer.optim
-MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95, "muon_ns_steps": 5, "muon_gram": False}
+NS_DTYPES = ("auto", "fast", "fp32", "bf16")  # Muon's Newton-Schulz products (trainer.muon)
+MUON_DEFAULTS = {
+    "muon_lr": 0.02,
+    "muon_momentum": 0.95,
+    "muon_ns_steps": 5,
+    "muon_gram": False,
+    "muon_ns_dtype": "auto",
+}
 """TrainConfig's defaults of the Muon keys (its fields take them from here)."""
 DECAY_SHAPES = ("linear", "1-sqrt")
 PACKINGS = ("stream", "bos")  # pretraining rows (octlm.data.windows, octlm.data.bos)
@@ -59,11 +66,15 @@ def require(ok: bool, problem: str, fix: str = CHANGE_IT) -> None:
         raise ConfigError(problem, fix)
 
 
-def check_optimizer(optimizer: str, **muon: float) -> None:
+def check_optimizer(optimizer: str, **muon: float | str) -> None:
     """The optimizer's name, and no Muon setting (`muon`: the muon_* keys) away from its
     default unless the optimizer is Muon."""
     require(
         optimizer in OPTIMIZERS, f"optimizer {optimizer!r} is unknown", f"use one of {OPTIMIZERS}"
+    )
+    ns_dtype = muon.get("muon_ns_dtype", MUON_DEFAULTS["muon_ns_dtype"])
+    require(
+        ns_dtype in NS_DTYPES, f"muon_ns_dtype {ns_dtype!r} is unknown", f"use one of {NS_DTYPES}"
     )
     if optimizer != "muon":
         for key, value in muon.items():

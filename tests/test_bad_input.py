@@ -87,6 +87,14 @@ TRAIN_FLAGS = {
         "muon_momentum=1.0 must be a number in [0, 1)",
     ),
     "muon_gram_without_muon": (["--muon-gram"], "muon_gram is for --optimizer muon, not adamw"),
+    "muon_ns_dtype_unknown": (
+        ["--optimizer", "muon", "--muon-ns-dtype", "fp16"],
+        "muon_ns_dtype 'fp16' is unknown; use one of ('auto', 'fast', 'fp32', 'bf16')",
+    ),
+    "muon_ns_dtype_without_muon": (
+        ["--muon-ns-dtype", "bf16"],
+        "muon_ns_dtype is for --optimizer muon, not adamw",
+    ),
     "softcap_negative": (["--logit-softcap", "-1"], "logit_softcap=-1.0 must be a number in [0,"),
     "softcap_below_one": (["--logit-softcap", "0.5"], "squashes every logit into (-1, 1)"),
     "softcap_nan": (["--logit-softcap", "nan"], "logit_softcap=nan must be a number in [0,"),
@@ -123,6 +131,7 @@ TRAIN_TOML = {
     "int_for_zero_init": ("zero_init_residual = 1", "zero_init_residual=1 must be true or false"),
     "int_for_value_residual": ("value_residual = 0", "value_residual=0 must be true or false"),
     "string_for_muon_gram": ('muon_gram = "yes"', "muon_gram='yes' must be true or false"),
+    "bool_for_muon_ns_dtype": ("muon_ns_dtype = true", "muon_ns_dtype=True must be a non-empty"),
     "bool_for_softcap": ("logit_softcap = true", "logit_softcap=True must be a number in [0,"),
     "string_for_optimizer": ("optimizer = 1", "optimizer=1 must be a non-empty string"),
 }

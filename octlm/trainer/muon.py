@@ -28,20 +28,24 @@ import torch
 from torch import Tensor
 from torch.optim.adamw import adamw
 
+from octlm.device import fast_bf16_products
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 """Keller Jordan's quintic: the steepest slope at 0 that still keeps singular values near 1."""
 NS_STEPS = 5
 NS_EPS = 1e-7
 
 
-def orthogonalize(update: Tensor, steps: int = NS_STEPS, *, gram: bool = False) -> Tensor:
+def orthogonalize(
+    update: Tensor, steps: int = NS_STEPS, *, gram: bool = False, dtype: str = "auto"
+) -> Tensor:
     """Newton-Schulz approximation of U V^T for the 2-D `update` = U S V^T (singular values
-    land in about [0.7, 1.2], which trains as well as exact ones). bf16 on a GPU, as in the
-    reference; float32 elsewhere, where bf16 matrix products are slower, not faster. `gram`:
-    a rectangular matrix iterates through its Gram matrix (`newton_schulz_gram`, in float32 on
-    every device); a square one has no smaller side and takes the plain form."""
+    land in about [0.7, 1.2], which trains as well as exact ones). `gram`: a rectangular
+    matrix iterates through its Gram matrix (`newton_schulz_gram`); a square one has no
+    smaller side and takes the plain form. `dtype` of the products: "fp32", "bf16", or "auto"
+    (`ns_dtype`)."""
     a, b, c = NS_COEFFICIENTS
-    x = update.to(torch.bfloat16 if update.device.type == "cuda" and not gram else torch.float32)
+    x = update.to(ns_dtype(dtype, update.device, gram=gram))
     tall = x.size(0) > x.size(1)
     if tall:  # iterate on the wide side: the Gram matrix is the smaller one
         x = x.T
@@ -54,6 +58,18 @@ def orthogonalize(update: Tensor, steps: int = NS_STEPS, *, gram: bool = False) 
             poly = torch.addmm(g, g, g, beta=b, alpha=c)  # b*G + c*G^2
             x = torch.addmm(x, poly, x, beta=a)  # a*X + (b*G + c*G^2) X
     return (x.T if tall else x).to(update.dtype)
+
+
+def ns_dtype(setting: str, device: torch.device, *, gram: bool) -> torch.dtype:
+    """The products' dtype. "auto" is the rule every Muon run had before the setting, so it
+    keeps their bits: bf16 on a GPU, as in the reference, except through the Gram matrix
+    (float32 there); float32 elsewhere. "fast": bf16 where the device multiplies it fast
+    (`fast_bf16_products`; a run settles it to fp32 or bf16 when it starts)."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" and not gram else torch.float32
+    if setting == "fast":
+        setting = "bf16" if fast_bf16_products(device) else "fp32"
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[setting]
 
 
 def newton_schulz_gram(x: Tensor, steps: int) -> Tensor:
@@ -120,8 +136,10 @@ class MuonAdamW(torch.optim.Optimizer):
             nesterov = p.grad.add(buf, alpha=momentum)
             # A group without ns_steps: a checkpoint's param groups from before the setting.
             steps = group.get("ns_steps", NS_STEPS)
-            gram = group.get("gram", False)  # False in groups saved before the setting
-            direction = _sharded_like(orthogonalize(_whole(nesterov), steps, gram=gram), p)
+            # Groups saved before these settings lack them: their defaults are the old rule.
+            gram, dtype = group.get("gram", False), group.get("ns_dtype", "auto")
+            whole = orthogonalize(_whole(nesterov), steps, gram=gram, dtype=dtype)
+            direction = _sharded_like(whole, p)
             rows, cols = p.shape
             p.mul_(1.0 - lr * group["weight_decay"])
             p.add_(direction, alpha=-lr * math.sqrt(max(1.0, rows / cols)))

@@ -27,6 +27,7 @@ class OptimSettings(Protocol):
     muon_momentum: float
     muon_ns_steps: int
     muon_gram: bool
+    muon_ns_dtype: str
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -82,6 +83,7 @@ def build_muon(model: nn.Module, cfg: OptimSettings) -> MuonAdamW:
             "momentum": cfg.muon_momentum,
             "ns_steps": cfg.muon_ns_steps,
             "gram": cfg.muon_gram,
+            "ns_dtype": cfg.muon_ns_dtype,
             "weight_decay": cfg.weight_decay / ratio,
         },
         {**adam, "params": [p for n, p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},

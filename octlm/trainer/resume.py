@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 
 from octlm.config import TrainConfig, fused_or_default
+from octlm.device import fast_bf16_products
 from octlm.errors import RankError, ResumeError
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
@@ -117,11 +118,16 @@ def find_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool)
 
 
 def settle(
-    cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None, world: int
+    cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None, info: DistInfo, device: torch.device
 ) -> tuple[TrainConfig, list[str]]:
     """`cfg` settled for the checkpoint it resumes (`resumed`; None for a new run), and the
     notes. Decided before any part is built, so every part sees the settings it runs with."""
-    return elastic_config(settled_defaults(cfg, resumed), world, resumed)
+    # Every rank's Muon must take the same products: bf16 only if each device is fast at it.
+    fast_bf16 = cfg.muon_ns_dtype == "fast" and not agree(
+        not fast_bf16_products(device), info, device
+    )
+    cfg = settled_ns_dtype(settled_defaults(cfg, resumed), resumed, fast_bf16)
+    return elastic_config(cfg, info.world, resumed)
 
 
 def settled_defaults(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> TrainConfig:
@@ -132,6 +138,21 @@ def settled_defaults(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> T
         saved = resumed.trajectory.get("fused") if resumed is not None else None
         cfg = cfg.replace(fused=fused_or_default(saved))
     return cfg
+
+
+def settled_ns_dtype(
+    cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None, fast_bf16: bool
+) -> TrainConfig:
+    """--muon-ns-dtype fast as the dtype it means here: bf16 where the devices multiply it
+    fast, else fp32. A resume takes the checkpoint's, so a run continues on the products it
+    started with on any machine (an older run's "auto" is absent there: the fingerprint check
+    then refuses the change)."""
+    if cfg.muon_ns_dtype != "fast":
+        return cfg
+    saved = resumed.trajectory.get("muon_ns_dtype") if resumed is not None else None
+    if saved in ("fp32", "bf16"):
+        return cfg.replace(muon_ns_dtype=saved)
+    return cfg.replace(muon_ns_dtype="bf16" if fast_bf16 else "fp32")
 
 
 def elastic_config(

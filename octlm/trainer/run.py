@@ -255,7 +255,7 @@ def build_run(cfg: TrainConfig) -> Run:
     fsdp = dist.enabled and cfg.parallel == "fsdp"
     start = find_agreed(Path(cfg.out), dist, device, fsdp) if cfg.resume else None
     resumed = start.info if start else None
-    cfg, notes = settle(cfg, resumed, dist.world)
+    cfg, notes = settle(cfg, resumed, dist, device)
     check_device_dtype(device, cfg.dtype)
     if device.type == "cpu":
         keep_freed_host_memory()

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from octlm.config_files import SHIPPED_CONFIGS
+from octlm.device import fast_bf16_products
 from octlm.model import GPT
 from octlm.runlog import read_log
 from octlm.shape import ModelConfig
@@ -47,7 +48,7 @@ ZERO_INIT = ("--zero-init-residual",)
 VALUE_RESIDUAL = ("--value-residual",)
 RECIPE = (*MUON, *QK_NORM, *SOFTCAP, *Z_LOSS)
 SHIPPED_RECIPE = tomllib.loads((SHIPPED_CONFIGS / "recipe.toml").read_text())
-SHIPPED = (
+SHIPPED_OPTIONS = (
     *MUON,
     "--muon-ns-steps",
     str(SHIPPED_RECIPE["muon_ns_steps"]),
@@ -58,9 +59,18 @@ SHIPPED = (
     *ZERO_INIT,
     *(QK_NORM if SHIPPED_RECIPE.get("qk_norm") else ()),
 )
-"""octlm/configs/recipe.toml's trajectory options (Muon with its iterations, momentum and Gram
-form, the value residual, zero-initialised projections, QK-norm when it has it) as flags for
-the tiny run."""
+"""octlm/configs/recipe.toml's trajectory options but the products' dtype (Muon with its
+iterations, momentum and Gram form, the value residual, zero-initialised projections, QK-norm
+when it has it) as flags for the tiny run."""
+SHIPPED = (*SHIPPED_OPTIONS, "--muon-ns-dtype", SHIPPED_RECIPE.get("muon_ns_dtype", "auto"))
+"""The recipe's options with its products' dtype ("fast": bf16 on this machine if it has AMX)."""
+ACROSS_LAYOUTS = (*SHIPPED_OPTIONS, "--muon-ns-dtype", "fp32")
+"""The recipe's options with float32 products, for the runs compared across layouts (another
+world, FSDP). Those sum gradients in another order, and compare within TOLERANCE: bf16 products
+round a last-bit difference to one of 2^-8, and AdamW's normalised step lifts it further on
+entries with near-zero gradients (measured: FSDP on 2 ranks against one process, 6 steps,
+2.7e-3 with bf16 products, 7e-7 with float32). Each layout's bf16 run is exact on its own:
+split equals straight (test_muon_bf16_fsdp2_split_equals_straight)."""
 TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
 ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
 
@@ -191,12 +201,12 @@ def max_weight_diff(a: Path, b: Path) -> float:
 @pytest.fixture(scope="module")
 def muon_single(straight_run) -> Path:
     """One process, accumulation 2: the same global batch as 2 ranks x accumulation 1."""
-    return straight_run(*DIST_FLAGS, "--accum", "2", *SHIPPED)
+    return straight_run(*DIST_FLAGS, "--accum", "2", *ACROSS_LAYOUTS)
 
 
 @pytest.fixture(scope="module")
 def muon_ddp(straight_run) -> Path:
-    run = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", *SHIPPED)
+    run = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", *ACROSS_LAYOUTS)
     assert '"world": 2' in (run / "log.jsonl").read_text().splitlines()[0]
     return run
 
@@ -213,8 +223,8 @@ def test_muon_resume_across_world_sizes(tiny_dataset, muon_single, tmp_path, dir
     out = tmp_path / direction
     first, second = (("--nproc", "2"), ()) if direction == "2to1" else ((), ("--nproc", "2"))
     accum = ("--accum", "1" if first else "2")
-    octlm(*dist_args(tiny_dataset, out, *accum, *first, "--stop-at", "3", *SHIPPED))
-    proc = octlm(*dist_args(tiny_dataset, out, *accum, *second, "--resume", *SHIPPED))
+    octlm(*dist_args(tiny_dataset, out, *accum, *first, "--stop-at", "3", *ACROSS_LAYOUTS))
+    proc = octlm(*dist_args(tiny_dataset, out, *accum, *second, "--resume", *ACROSS_LAYOUTS))
     assert "to keep the global batch" in proc.stderr
     assert [s for s, _, _ in steps_of(out)] == list(range(1, DSTEPS + 1))
     assert max_weight_diff(muon_single, out) <= TOLERANCE
@@ -230,18 +240,35 @@ def test_muon_fsdp2_split_equals_straight_and_reshards(
 ) -> None:
     split, one = tmp_path / "fsdp-split", tmp_path / "fsdp-to-1"
     # Validates at step 3 before its checkpoint: FSDP2's root parameters are unsharded then.
-    octlm(*dist_args(tiny_dataset, split, *FSDP, "--stop-at", "3", *SHIPPED))
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--stop-at", "3", *ACROSS_LAYOUTS))
     shutil.copytree(split, one)
-    octlm(*dist_args(tiny_dataset, split, *FSDP, "--resume", *SHIPPED))
-    fsdp_straight = straight_run(*DIST_FLAGS, *FSDP, *SHIPPED)
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--resume", *ACROSS_LAYOUTS))
+    fsdp_straight = straight_run(*DIST_FLAGS, *FSDP, *ACROSS_LAYOUTS)
     assert end_hash(split) == end_hash(fsdp_straight)
     assert steps_of(split) == steps_of(fsdp_straight)
     a, b = optimizer_tensors(split), optimizer_tensors(fsdp_straight)
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
     # Sharded on 2 ranks, checkpointed whole, resumed (resharded) by one process.
-    octlm(*dist_args(tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume", *SHIPPED))
+    octlm(
+        *dist_args(
+            tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume", *ACROSS_LAYOUTS
+        )
+    )
     assert max_weight_diff(fsdp_straight, one) <= TOLERANCE
     assert max_weight_diff(muon_single, fsdp_straight) <= TOLERANCE
+
+
+def test_muon_bf16_fsdp2_split_equals_straight(tiny_dataset, straight_run, tmp_path) -> None:
+    """bf16 Newton-Schulz products on whole matrices gathered from 2 FSDP2 shards: split equals
+    straight, and its bits are not float32's (the control)."""
+    flags = (*SHIPPED_OPTIONS, "--muon-ns-dtype", "bf16")
+    split = tmp_path / "fsdp-bf16"
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--stop-at", "3", *flags))
+    octlm(*dist_args(tiny_dataset, split, *FSDP, "--resume", *flags))
+    straight = straight_run(*DIST_FLAGS, *FSDP, *flags)
+    assert end_hash(split) == end_hash(straight)
+    assert steps_of(split) == steps_of(straight)
+    assert end_hash(straight) != end_hash(straight_run(*DIST_FLAGS, *FSDP, *ACROSS_LAYOUTS))
 
 
 # -- qk-norm, logit soft-cap, z-loss: each alone, then all with Muon --------------------------
@@ -327,6 +354,27 @@ def test_muon_gram_resumes_exactly(tiny_dataset, straight_run, stopped, tmp_path
     ref = straight_run(*flags)
     assert_same_run(run, ref)
     assert end_hash(ref) != end_hash(straight_run(*plain))
+
+
+def test_muon_in_bf16_resumes_exactly(tiny_dataset, straight_run, stopped, tmp_path) -> None:
+    """--muon-ns-dtype bf16 (Newton-Schulz products in bf16 on the CPU): split equals straight,
+    through the Gram matrix too, and its bits are not float32's (the control)."""
+    fp32 = (*MUON, "--muon-ns-steps", "3", "--muon-gram")
+    flags = (*fp32, "--muon-ns-dtype", "bf16")
+    run = resume(tiny_dataset, stopped(3, *flags), tmp_path / "split", *flags)
+    ref = straight_run(*flags)
+    assert_same_run(run, ref)
+    assert end_hash(ref) != end_hash(straight_run(*fp32))
+
+
+def test_muon_ns_dtype_fast_runs_as_this_machines_dtype(straight_run) -> None:
+    """--muon-ns-dtype fast: bf16 on a CPU with AMX, fp32 on one without; the run records
+    the dtype it settled on and computes exactly what that setting computes."""
+    flags = (*MUON, "--muon-ns-steps", "3", "--muon-gram")
+    here = "bf16" if fast_bf16_products(torch.device("cpu")) else "fp32"
+    fast = straight_run(*flags, "--muon-ns-dtype", "fast")
+    assert checkpoint(fast)[0]["trajectory"]["muon_ns_dtype"] == here
+    assert end_hash(fast) == end_hash(straight_run(*flags, "--muon-ns-dtype", here))
 
 
 def test_the_shipped_recipes_options_resume_exactly(

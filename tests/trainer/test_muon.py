@@ -13,7 +13,13 @@ from octlm.config import TrainConfig
 from octlm.model import GPT
 from octlm.shape import ModelConfig
 from octlm.trainer import checkpoint as ckpt
-from octlm.trainer.muon import NS_COEFFICIENTS, MuonAdamW, newton_schulz_gram, orthogonalize
+from octlm.trainer.muon import (
+    NS_COEFFICIENTS,
+    MuonAdamW,
+    newton_schulz_gram,
+    ns_dtype,
+    orthogonalize,
+)
 from octlm.trainer.optim import build_optimizer, param_names, set_lr
 
 MICRO = ModelConfig(
@@ -254,3 +260,29 @@ def test_muon_gram_reaches_the_groups_and_the_fingerprint_only_when_set() -> Non
     want = before.mul(1 - group["lr"] * group["weight_decay"])
     want.add_(orthogonalize(nesterov, 5, gram=True), alpha=-group["lr"] * math.sqrt(48 / 32))
     assert torch.equal(p.detach(), want)
+
+
+def test_ns_dtype_auto_keeps_the_old_rule_and_bf16_rounds_at_8_bits() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert ns_dtype("auto", cpu, gram=False) == torch.float32
+    assert ns_dtype("auto", cuda, gram=False) == torch.bfloat16
+    assert ns_dtype("auto", cuda, gram=True) == torch.float32
+    assert ns_dtype("bf16", cpu, gram=True) == torch.bfloat16
+    assert ns_dtype("fp32", cuda, gram=False) == torch.float32
+    g = torch.randn(48, 32, generator=torch.Generator().manual_seed(5))
+    for gram in (False, True):
+        fp32 = orthogonalize(g, 3, gram=gram)
+        assert torch.equal(orthogonalize(g, 3, gram=gram, dtype="auto"), fp32)
+        assert torch.equal(orthogonalize(g, 3, gram=gram, dtype="fp32"), fp32)
+        bf16 = orthogonalize(g, 3, gram=gram, dtype="bf16")
+        assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
+        # bf16 keeps 8 bits of mantissa: about 0.4% per product, a few of them in a row
+        assert (bf16 - fp32).norm() < 0.03 * fp32.norm()
+
+
+def test_muon_ns_dtype_reaches_the_groups_and_the_fingerprint_only_when_set() -> None:
+    auto, bf16 = muon_config(), muon_config(muon_ns_dtype="bf16")
+    assert "muon_ns_dtype" not in auto.trajectory(1)
+    assert bf16.trajectory(1)["muon_ns_dtype"] == "bf16"
+    assert auto.fingerprint_for(1) != bf16.fingerprint_for(1)
+    assert build_optimizer(model_with_grads(), bf16).param_groups[0]["ns_dtype"] == "bf16"

@@ -9,11 +9,12 @@ import torch
 
 from octlm.config import FUSED_DEFAULT, TrainConfig
 from octlm.config_files import make_config
+from octlm.device import fast_bf16_products
 from octlm.model import GPT
 from octlm.shape import preset
 from octlm.trainer.checkpoint import CheckpointInfo
 from octlm.trainer.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
-from octlm.trainer.resume import settled_defaults
+from octlm.trainer.resume import settled_defaults, settled_ns_dtype
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
@@ -139,6 +140,28 @@ def test_fused_left_unset_is_on_for_a_new_run_and_the_checkpoints_on_resume() ->
     assert settled_defaults(cfg, saved(True)).fused is True
     explicit = make_config(None, model="micro", context=64, fused=False)
     assert settled_defaults(explicit, saved(True)).fused is False
+
+
+def test_muon_ns_dtype_fast_settles_to_the_devices_dtype_and_a_resume_keeps_its_own() -> None:
+    fast = make_config(None, model="micro", context=64, optimizer="muon", muon_ns_dtype="fast")
+    assert settled_ns_dtype(fast, None, True).muon_ns_dtype == "bf16"
+    assert settled_ns_dtype(fast, None, False).muon_ns_dtype == "fp32"
+
+    def saved_dtype(dtype: str) -> CheckpointInfo:
+        return CheckpointInfo(Path("s.safetensors"), {"trajectory": {"muon_ns_dtype": dtype}})
+
+    # a run started on an AMX machine continues in bf16 on one without, and the other way
+    assert settled_ns_dtype(fast, saved_dtype("bf16"), False).muon_ns_dtype == "bf16"
+    assert settled_ns_dtype(fast, saved_dtype("fp32"), True).muon_ns_dtype == "fp32"
+    no_key = CheckpointInfo(Path("s.safetensors"), {"trajectory": {}})  # an "auto" run
+    assert settled_ns_dtype(fast, no_key, True).muon_ns_dtype == "bf16"  # then refused
+    explicit = fast.replace(muon_ns_dtype="fp32")
+    assert settled_ns_dtype(explicit, saved_dtype("bf16"), True) is explicit
+
+
+def test_fast_bf16_products_follow_the_cpus_amx() -> None:
+    assert fast_bf16_products(torch.device("cpu")) is torch.cpu._is_amx_tile_supported()
+    assert fast_bf16_products(torch.device("meta")) is False
 
 
 def test_fused_and_unfused_adamw_differ_in_the_last_bits() -> None:
