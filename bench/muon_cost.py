@@ -9,8 +9,10 @@ Two settings of the `small` model (6 layers, width 384, GQA 6/2, SwiGLU 1024):
   micro-batch, 32 micro-batches per step); one micro-batch is timed and the step's forward and
   backward counted as 32 of them (each takes the same work).
 Each round times, interleaved on the same gradients: one micro-batch's forward and backward,
-AdamW's step (fused, as a run uses it) and MuonAdamW's step. The result is each one's median
-over rounds, and Muon's share of a whole step: muon / (accum x fwd+bwd + muon), beside AdamW's.
+AdamW's step (fused, as a run uses it), MuonAdamW's step with Muon's defaults (five float32
+Newton-Schulz iterations) and with `--config recipe`'s Muon settings (three iterations through
+the Gram matrix, products in bf16 where the CPU multiplies it fast). The result is each one's
+median over rounds, and each optimizer's share of a whole step: opt / (accum x fwd+bwd + opt).
 """
 
 from __future__ import annotations
@@ -18,13 +20,25 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import tomllib
 
 import torch
 
 from octlm.config import TrainConfig
+from octlm.config_files import SHIPPED_CONFIGS
 from octlm.model import GPT
 from octlm.shape import preset
 from octlm.trainer.optim import build_optimizer
+
+RECIPE_MUON_KEYS = ("muon_lr", "muon_momentum", "muon_ns_steps", "muon_gram", "muon_ns_dtype")
+OPTIMIZERS = ("adamw", "muon", "recipe")
+
+
+def recipe_muon() -> dict:
+    """The Muon keys `--config recipe` sets (the others keep their defaults)."""
+    recipe = tomllib.loads((SHIPPED_CONFIGS / "recipe.toml").read_text())
+    return {k: recipe[k] for k in RECIPE_MUON_KEYS if k in recipe}
+
 
 SETTINGS = {
     # name: (vocabulary, micro_batch, context, accum)
@@ -47,6 +61,7 @@ def measure(name: str, rounds: int) -> dict[str, float]:
     optimizers = {
         "adamw": build_optimizer(model, cfg),
         "muon": build_optimizer(model, cfg.replace(optimizer="muon")),
+        "recipe": build_optimizer(model, cfg.replace(optimizer="muon", **recipe_muon())),
     }
     x = torch.randint(0, vocab, (micro, context))
 
@@ -55,12 +70,12 @@ def measure(name: str, rounds: int) -> dict[str, float]:
         loss_sum, n = model(x, x.roll(-1, dims=1))
         (loss_sum / n).backward()
 
-    times: dict[str, list[float]] = {"fwd_bwd": [], "adamw": [], "muon": []}
+    times: dict[str, list[float]] = {"fwd_bwd": [], **{kind: [] for kind in OPTIMIZERS}}
     for r in range(rounds + 1):  # the first round warms allocators and states up
         t = timed(fwd_bwd)
         # The grads stay: both optimizers step on the same ones (the weights drift, the cost
         # does not), in an order that alternates between rounds.
-        order = ("adamw", "muon") if r % 2 else ("muon", "adamw")
+        order = OPTIMIZERS if r % 2 else OPTIMIZERS[::-1]
         step = {kind: timed(optimizers[kind].step) for kind in order}
         if r:
             times["fwd_bwd"].append(t)
@@ -68,8 +83,8 @@ def measure(name: str, rounds: int) -> dict[str, float]:
                 times[kind].append(step[kind])
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     step_ms = accum * med["fwd_bwd"]
-    med["muon_share"] = med["muon"] / (step_ms + med["muon"])
-    med["adamw_share"] = med["adamw"] / (step_ms + med["adamw"])
+    for kind in OPTIMIZERS:
+        med[f"{kind}_share"] = med[kind] / (step_ms + med[kind])
     return med
 
 
@@ -79,14 +94,15 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.rounds}")
-    print(f"{'setting':8} {'fwd+bwd ms':>11} {'x accum':>8} {'adamw ms':>9} {'muon ms':>8} "
-          f"{'adamw share':>12} {'muon share':>11}")  # fmt: skip
+    print(f"recipe: {recipe_muon()}")
+    columns = "".join(f" {kind + ' ms':>10} {kind + ' share':>13}" for kind in OPTIMIZERS)
+    print(f"{'setting':8} {'fwd+bwd ms':>11} {'x accum':>8}{columns}")
     for name in args.settings:
         m = measure(name, args.rounds)
         accum = SETTINGS[name][3]
         print(
-            f"{name:8} {m['fwd_bwd']:11.1f} {accum:8d} {m['adamw']:9.1f} {m['muon']:8.1f} "
-            f"{m['adamw_share']:12.1%} {m['muon_share']:11.1%}"
+            f"{name:8} {m['fwd_bwd']:11.1f} {accum:8d}"
+            + "".join(f" {m[kind]:10.1f} {m[kind + '_share']:13.1%}" for kind in OPTIMIZERS)
         )
 
 
