@@ -736,6 +736,17 @@ def print_summary(result: dict) -> None:
         )
 
 
+def round_order(sides: list[Side], first: int, rounds: int) -> list[tuple[int, Side]]:
+    """(round number, side) in the order they run: rounds `first` to `first + rounds - 1`, each
+    side first in turn, so a later run of the bench with `--first-round` continues the rotation
+    (and, with --vary-seed, the seeds) where an earlier one stopped."""
+    order = []
+    for n in range(first, first + rounds):
+        shift = (n - 1) % len(sides)
+        order += [(n, side) for side in sides[shift:] + sides[:shift]]
+    return order
+
+
 def run_bench(args: argparse.Namespace, work: Path) -> dict:
     variants = parse_variants(args.octlm)
     checkout = None
@@ -789,19 +800,17 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
     if checkout is None:
         print("no --nanogpt: octlm variants only", flush=True)
     bench = Bench(args, work, data, env, checkout)
-    for r in range(args.rounds):
-        shift = r % len(sides)
-        for side in sides[shift:] + sides[:shift]:
-            x = bench.round(side, r + 1)
-            side.rounds.append(x)
-            print(
-                f"round {r + 1}: {side.name}: {x['steps']} steps (warmup {x['warmup']}, "
-                f"probe {x['probe_ms_per_step']:.1f} ms/step, calibration "
-                f"{x['calibration']:.3f}), trained {x['train_s']:.1f} s "
-                f"({x['ms_per_step']:.1f} ms/step), "
-                f"held-out {x['bpb']:.4f} bpb",
-                flush=True,
-            )
+    for n, side in round_order(sides, args.first_round, args.rounds):
+        x = bench.round(side, n)
+        side.rounds.append(x)
+        print(
+            f"round {n}: {side.name}: {x['steps']} steps (warmup {x['warmup']}, "
+            f"probe {x['probe_ms_per_step']:.1f} ms/step, calibration "
+            f"{x['calibration']:.3f}), trained {x['train_s']:.1f} s "
+            f"({x['ms_per_step']:.1f} ms/step), "
+            f"held-out {x['bpb']:.4f} bpb",
+            flush=True,
+        )
     result = summary(sides)
     print_summary(result)
     return {
@@ -809,6 +818,7 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
             "budget_s": None if args.steps else args.budget,
             "steps": args.steps,
             "rounds": args.rounds,
+            "first_round": args.first_round,
             "threads": args.threads,
             "mode": args.mode,
             "shape": vars(Shape()),
@@ -874,12 +884,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="octlm's seed (init and data order) is 1337 + the round, so the spread over rounds "
         "includes the seed's; nanoGPT's is fixed in its train.py",
     )
+    ap.add_argument(
+        "--first-round",
+        type=int,
+        default=1,
+        help="number the rounds from this one (their seeds with --vary-seed, and the sides' "
+        "order), to add rounds to an earlier run of the bench (default 1)",
+    )
     ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
     ap.add_argument("--keep-runs", action="store_true", help="keep run folders and checkpoints")
     ap.add_argument("--json", type=Path, help="write every number to this file")
     args = ap.parse_args(argv)
-    if args.budget <= 0 or args.rounds < 1 or args.threads < 1:
-        sys.exit("bench: --budget, --rounds and --threads must be positive")
+    if args.budget <= 0 or args.rounds < 1 or args.threads < 1 or args.first_round < 1:
+        sys.exit("bench: --budget, --rounds, --threads and --first-round must be positive")
     if args.steps is not None and args.steps < 1:
         sys.exit("bench: --steps must be positive")
     if args.probe_steps <= PROBE_DROP:

@@ -20,6 +20,7 @@ from bench.quality import (
     parse_variants,
     prepare_train_docs,
     probe_estimate,
+    round_order,
     size_steps,
     split_heldout,
     stream_nats,
@@ -153,3 +154,16 @@ def test_summary_pairs_rounds():
     assert r["ratio_of_medians"] == pytest.approx(1.0 / 1.1)
     assert r["paired"] == pytest.approx([0.9, 1.0, 1.0 / 1.1])
     assert r["paired_median"] == pytest.approx(1.0 / 1.1)
+
+
+def test_later_rounds_continue_the_rotation():
+    a, b, c = Side("a", "bpe", []), Side("b", "bpe", []), Side("nanoGPT-bpe", "bpe")
+
+    def names(order):
+        return [(n, side.name) for n, side in order]
+
+    five = names(round_order([a, b, c], 1, 5))
+    assert five[:3] == [(1, "a"), (1, "b"), (1, "nanoGPT-bpe")]
+    assert five[3:6] == [(2, "b"), (2, "nanoGPT-bpe"), (2, "a")]
+    # Rounds 4 and 5 run alone are the same rounds, in the same order, as in a run of five.
+    assert names(round_order([a, b, c], 1, 3)) + names(round_order([a, b, c], 4, 2)) == five
