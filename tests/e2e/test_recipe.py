@@ -58,10 +58,11 @@ SHIPPED_OPTIONS = (
     *VALUE_RESIDUAL,
     *ZERO_INIT,
     *(QK_NORM if SHIPPED_RECIPE.get("qk_norm") else ()),
+    *(("--rope-base", str(SHIPPED_RECIPE["rope_base"])) if "rope_base" in SHIPPED_RECIPE else ()),
 )
 """octlm/configs/recipe.toml's trajectory options but the products' dtype (Muon with its
 iterations, momentum and Gram form, the value residual, zero-initialised projections, QK-norm
-when it has it) as flags for the tiny run."""
+and RoPE's base when it has them) as flags for the tiny run."""
 SHIPPED = (*SHIPPED_OPTIONS, "--muon-ns-dtype", SHIPPED_RECIPE.get("muon_ns_dtype", "auto"))
 """The recipe's options with its products' dtype ("fast": bf16 on this machine if it has AMX)."""
 ACROSS_LAYOUTS = (*SHIPPED_OPTIONS, "--muon-ns-dtype", "fp32")
