@@ -391,3 +391,33 @@ def test_the_shipped_recipes_options_resume_exactly(
     assert_same_run(run, ref)
     other = tuple(x if x != str(recipe["muon_momentum"]) else "0.95" for x in flags)
     assert end_hash(ref) != end_hash(straight_run(*other))
+
+
+def test_a_run_of_the_recipe_before_its_rope_base_is_refused_then_resumes_exactly(
+    tiny_dataset, straight_run, stopped, tmp_path
+) -> None:
+    """Run folders written with the recipe before `rope_base = 1024` (its default base, 10000)
+    are not continued on the new base: the shipped flags are refused in one line naming the
+    change and nothing on disk is touched; `--rope-base 10000` (the preset's own value, so the
+    old fingerprint) resumes them onto their straight run's bits."""
+    assert SHIPPED_RECIPE["rope_base"] == 1024.0
+    flags = SHIPPED
+    old = tuple(x for i, x in enumerate(flags) if "--rope-base" not in flags[i - 1 : i + 1])
+    assert len(old) == len(flags) - 2
+    run = tmp_path / "old"
+    shutil.copytree(stopped(4, *old), run)
+    before = files(run)
+    proc = octlm(*train_args(tiny_dataset, run, "--resume", *flags), check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "rope_base" in proc.stderr and "another config fingerprint" in proc.stderr
+    assert files(run) == before
+    octlm(*train_args(tiny_dataset, run, "--resume", *old, "--rope-base", "10000"))
+    assert_same_run(run, straight_run(*old))
+    assert end_hash(run) != end_hash(straight_run(*flags))  # the base acts: a control
+
+
+def files(run: Path) -> dict[Path, bytes]:
+    """A run folder's files and their bytes, but the run lock (it holds the last pid)."""
+    return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} | {
+        Path(".lock"): b""
+    }
