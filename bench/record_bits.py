@@ -34,6 +34,11 @@ SETTINGS = {
     "e2e-bf16": (E2E + ["--dtype", "bf16"], "e2e", 5),
     "e2e-accum4-dropout": (E2E + ["--accum", "4", "--dropout", "0.1"], "e2e", 5),
     "e2e-keep-hash": (E2E + ["--hash-every", "2", "--keep-ckpts"], "e2e", 5),
+    # The recipe's features on the small run: Muon, BOS packing, QK-norm, the value residual,
+    # zero-init outputs, a wsd schedule, z-loss; every optimizer and data-order branch a config
+    # section decides.
+    "e2e-recipe": (["--config", "recipe", *E2E, "--packing", "bos", "--schedule", "wsd",
+                    "--decay-steps", "3", "--z-loss", "1e-4", "--order", "epoch"], "e2e", 5),
 }
 
 
