@@ -21,8 +21,8 @@ CHILD = r"""
 import hashlib, json, sys, time
 from pathlib import Path
 import torch
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.model.gpt import GPT
+from octlm.config.shape import preset
 
 def rss(field):
     for line in Path("/proc/self/status").read_text().splitlines():

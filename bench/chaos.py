@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from octlm.config_files import make_config
+from octlm.config.files import make_config
 from octlm.runlog import read_log
 from octlm.tools import subrun
 

@@ -47,12 +47,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from octlm.config_files import make_config
+from octlm.config.files import make_config
+from octlm.config.shape import preset
 from octlm.fsutil import fsync_path
 from octlm.hashing import weights_sha256
-from octlm.model import GPT
+from octlm.model.gpt import GPT
 from octlm.runlog import read_log
-from octlm.shape import preset
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.loop import advance, train
 from octlm.trainer.optim import build_optimizer

@@ -35,15 +35,15 @@ from pathlib import Path
 import tokenizers
 import torch
 
+from octlm.config.shape import preset
 from octlm.data.bos import BosRows
 from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows
-from octlm.model import GPT
+from octlm.model.gpt import GPT
 from octlm.prepare.corpus import read_documents
 from octlm.prepare.text import PrepareConfig, prepare
-from octlm.shape import preset
 from octlm.tokenizer.core import SPECIAL_TOKENS, Tokenizer
 from octlm.tokenizer.fastbpe import ENCODER_ENV, DocumentEncoder
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.chaos import checkpoint_step, last_logged_step, straight_reference, unlisted, verdict
-from octlm.config_files import make_config
+from octlm.config.files import make_config
 from octlm.tools import subrun
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from octlm.config_files import make_config
+from octlm.config.files import make_config
+from octlm.config.shape import preset
 from octlm.hashing import weights_sha256
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.model.gpt import GPT
 
 if not __package__:  # run as `python bench/exactness_costs.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.model.gpt import GPT
+from octlm.config.shape import preset
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import DistInfo, full_model_state, full_optim_state, load_full_state
 from octlm.trainer.optim import param_names

@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from octlm.model import GPT
-from octlm.sampling import generate, generate_batch
-from octlm.shape import PRESETS, preset
+from octlm.config.shape import PRESETS, preset
+from octlm.generation.sampling import generate, generate_batch
+from octlm.model.gpt import GPT
 
 PROMPT_LEN = 16
 

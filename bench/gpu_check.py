@@ -48,11 +48,11 @@ from pathlib import Path
 
 import torch
 
-from octlm.config_files import config_path, make_config
-from octlm.model import GPT
-from octlm.peak import measure_peak, store_peak
+from octlm.config.files import config_path, make_config
+from octlm.config.shape import preset
+from octlm.model.gpt import GPT
 from octlm.runlog import read_log
-from octlm.shape import preset
+from octlm.tools.peak import measure_peak, store_peak
 from octlm.trainer.loop import train
 
 if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from octlm.config_files import make_config
-from octlm.model import GPT
+from octlm.config.files import make_config
+from octlm.config.shape import preset
+from octlm.model.gpt import GPT
 from octlm.runlog import read_log
-from octlm.shape import preset
 from octlm.trainer.inputs import resolve_data
 from octlm.trainer.loop import train
 from octlm.trainer.optim import build_optimizer

@@ -24,10 +24,10 @@ import tomllib
 
 import torch
 
-from octlm.config import TrainConfig
-from octlm.config_files import SHIPPED_CONFIGS
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.config.files import SHIPPED_CONFIGS
+from octlm.config.shape import preset
+from octlm.config.train import TrainConfig
+from octlm.model.gpt import GPT
 from octlm.trainer.optim import build_optimizer
 
 RECIPE_MUON_KEYS = ("muon_lr", "muon_momentum", "muon_ns_steps", "muon_gram", "muon_ns_dtype")

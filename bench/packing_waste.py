@@ -32,14 +32,14 @@ import time
 import numpy as np
 import torch
 
+from octlm.config.shape import preset
 from octlm.data.bos import BosRows
 from octlm.data.dataset_tokenizer import tokenizer_at
 from octlm.data.packing import pack, waste_shares
 from octlm.data.shards import ShardDataset, TokenStream
-from octlm.model import GPT
+from octlm.model.gpt import GPT
 from octlm.prepare.corpus import embedded_documents
 from octlm.prepare.text import embedded_dataset
-from octlm.shape import preset
 
 CONTEXTS = (256, 512, 1024, 2048)
 

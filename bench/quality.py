@@ -479,7 +479,7 @@ def check_variants(variants: dict[str, list[str]], data: Path, work: Path) -> No
     """Each variant's command through `octlm train --print-config` (its parser and its
     config checks, nothing built), in this process, before anything runs: a flag this octlm
     lacks or a value it refuses ends the bench now rather than rounds later."""
-    from octlm.cli import main as octlm_main
+    from octlm.cli.main import main as octlm_main
 
     for name, flags in variants.items():
         argv = octlm_train_args(Shape(), data, 1000, 50, work / "check", flags)

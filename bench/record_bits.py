@@ -37,8 +37,25 @@ SETTINGS = {
     # The recipe's features on the small run: Muon, BOS packing, QK-norm, the value residual,
     # zero-init outputs, a wsd schedule, z-loss; every optimizer and data-order branch a config
     # section decides.
-    "e2e-recipe": (["--config", "recipe", *E2E, "--packing", "bos", "--schedule", "wsd",
-                    "--decay-steps", "3", "--z-loss", "1e-4", "--order", "epoch"], "e2e", 5),
+    "e2e-recipe": (
+        [
+            "--config",
+            "recipe",
+            *E2E,
+            "--packing",
+            "bos",
+            "--schedule",
+            "wsd",
+            "--decay-steps",
+            "3",
+            "--z-loss",
+            "1e-4",
+            "--order",
+            "epoch",
+        ],
+        "e2e",
+        5,
+    ),
 }
 
 

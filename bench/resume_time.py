@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from octlm.config_files import make_config
+from octlm.config.files import make_config
 from octlm.runlog import RunLog, read_log
 from octlm.tools import subrun
 from octlm.trainer.loop import train

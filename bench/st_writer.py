@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from octlm.config.shape import preset
 from octlm.hashing import file_checksum
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.model.gpt import GPT
 from octlm.trainer.stwriter import write_safetensors
 
 MODELS = {

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.step_mfu [--models tiny,small] [--rounds 3] [--steps 6]
 
-Each round measures, side by side: the machine's matmul peak (`octlm.peak.measure_peak`, fp32,
+Each round measures, side by side: the machine's matmul peak (`octlm.tools.peak.measure_peak`, fp32,
 this thread count), then for each model `octlm train` in-process on the demo data (vocabulary
 4096; per-step time from the gaps between `elapsed` values in its log) and a bare
 forward/backward/clip/AdamW loop on the same model shape and batch (bench.loop_overhead).
@@ -32,11 +32,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import octlm.runlog
-from octlm.config_files import make_config
+from octlm.config.files import make_config
+from octlm.config.shape import preset
 from octlm.data.order import Sampler
-from octlm.model import GPT
-from octlm.peak import measure_peak
-from octlm.shape import preset
+from octlm.model.gpt import GPT
+from octlm.tools.peak import measure_peak
 from octlm.trainer import step as step_module
 from octlm.trainer.loop import train
 

@@ -47,10 +47,10 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from octlm.model import GPT
+from octlm.config.shape import preset
+from octlm.model.gpt import GPT
 from octlm.prepare.corpus import embedded_documents
 from octlm.prepare.text import embedded_dataset
-from octlm.shape import preset
 
 ITER_LINE = re.compile(r"^iter (\d+): loss [\d.naninf]+, time ([\d.]+)ms")
 DATASET = "octlm_chars"
@@ -250,7 +250,7 @@ def profile_side(side: str, checkout: Path, shape: Shape, threads: int) -> dict[
     """Milliseconds per step by op group for one side (run in its own process)."""
     from torch.profiler import record_function
 
-    from octlm.config_files import make_config
+    from octlm.config.files import make_config
     from octlm.device import keep_freed_host_memory
     from octlm.trainer.optim import build_optimizer, clip_grad_norm
 

@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 # use (PEP 562 `__getattr__`): the training side imports torch (1.5 s), and `octlm prepare` and
 # `octlm --help`, which import this package first, must start without it.
 _PUBLIC = {
-    "TrainConfig": "octlm.config",
+    "TrainConfig": "octlm.config.train",
     "train": "octlm.api",
     "load": "octlm.api",
     "generate": "octlm.api",

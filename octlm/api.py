@@ -12,18 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from octlm import checks
-from octlm.chat import ChatSession, reply_to
-from octlm.chat_format import NO_SPECIALS, check_chat_dataset, parse_messages
-from octlm.config import TrainConfig
-from octlm.config_files import make_config
+from octlm.config import checks
+from octlm.config.files import make_config
+from octlm.config.train import TrainConfig
+from octlm.data.chat_format import NO_SPECIALS, check_chat_dataset, parse_messages
 from octlm.data.shards import load_manifest
 from octlm.errors import OctlmError
-from octlm.model import GPT
+from octlm.generation.chat import ChatSession, reply_to
+from octlm.generation.sampling import SEEDS, check_sampling, generate_texts
+from octlm.generation.trained import load_model, run_tokenizer
+from octlm.model.gpt import GPT
 from octlm.runlog import read_log
-from octlm.sampling import SEEDS, check_sampling, generate_texts
 from octlm.tokenizer.core import Tokenizer
-from octlm.trained import load_model, run_tokenizer
 from octlm.trainer.loop import train as train_run
 
 
@@ -130,7 +130,7 @@ def chat(
 ) -> str:
     """The model's reply to `messages` ({"role": "system" | "user" | "assistant", "content":
     text} each, oldest first), as `octlm chat` would give it after those turns: the chat
-    format's ids (`octlm.chat_format`), decoded over the key/value cache. `run` is a chat
+    format's ids (`octlm.data.chat_format`), decoded over the key/value cache. `run` is a chat
     fine-tune: what `load` returned, its three parts, or a path."""
     turns = parse_messages(messages, "messages", NO_SPECIALS, need_reply=False)
     _check_sampling(max_new_tokens, temperature, top_k, seed)

@@ -2,24 +2,30 @@
 
 One table of dtype names (`fp32`, `bf16`, `fp16`, as flags and TOML spell them) to torch dtypes,
 mixed precision as autocast over FP32 weights, device resolution, and `build_info`: what
-PyTorch's bitwise promise depends on (release, platform, device, threads).
+PyTorch's bitwise promise depends on (release, platform, device, threads). And the device's peak
+FLOP/s, MFU's denominator: a known GPU's table value, or what `octlm bench peak` measured here
+(stored in `$OCTLM_CACHE/peak.json`, keyed by device name, dtype, torch version and, on a CPU, the
+intra-op thread count, so a peak measured under another setup is never returned).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from octlm import numerics
-from octlm.config import DTYPES
-from octlm.config_diff import changed_keys
+from octlm.config.diff import changed_keys
+from octlm.config.train import DTYPES
 from octlm.errors import OctlmError
+from octlm.fsutil import cache_dir
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -180,3 +186,72 @@ def build_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         {k: v for k, v in new.items() if k != "numerics"},
     )
     return changes + numerics.bits_changes(old.get("numerics"), new["numerics"])
+
+
+# Dense bf16 tensor-core peaks (FLOP/s) for MFU, matched against torch.cuda.get_device_name in
+# order (the first pattern that matches wins, so a variant comes before its family). Datasheet
+# numbers, without sparsity; the RTX 4060 Laptop GPU's is the second seed's measured matmul rate
+# (its datasheet depends on the laptop's power limit). A device not listed needs --peak-tflops
+# or `octlm bench peak`.
+GPU_PEAKS: tuple[tuple[str, float], ...] = (
+    (r"\bH100\b.*\bPCIe\b", 756e12),
+    (r"\bH100\b.*\bNVL\b", 835e12),
+    (r"\bH100\b", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"\bH200\b.*\bNVL\b", 835e12),
+    (r"\bH200\b", 989e12),
+    (r"\bA100\b", 312e12),  # SXM4 and PCIe, 40 and 80 GB
+    (r"\bL40S\b", 362e12),
+    (r"\bL40\b", 181e12),
+    (r"\bL4\b", 121e12),
+    (r"\bRTX 4090\b", 165.2e12),
+    (r"\bRTX 4060 Laptop\b", 25.3e12),
+)
+CACHE_NAME = "peak.json"
+
+
+def peak_cache_path() -> Path:
+    return cache_dir() / CACHE_NAME
+
+
+def peak_cache_key(device: torch.device | str, dtype: str) -> str:
+    device = resolve_device(device)
+    key = f"{device.type}:{device_name(device)}|{dtype}|torch {torch.__version__}"
+    if device.type == "cpu":  # a GPU's rate does not depend on the host's threads
+        key += f"|threads {torch.get_num_threads()}"
+    return key
+
+
+def read_peak_cache() -> dict:
+    """The peaks `octlm bench peak` stored, by `peak_cache_key`; {} when none is readable."""
+    path = peak_cache_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no cache yet, or an unreadable one: measured again on the next bench
+    return data if isinstance(data, dict) else {}
+
+
+def measured_peak(device: torch.device | str, dtype: str) -> float | None:
+    """The cached FLOP/s of `octlm bench peak` for this device, dtype, torch and threads."""
+    entry = read_peak_cache().get(peak_cache_key(device, dtype))
+    flops = entry.get("flops") if isinstance(entry, dict) else None
+    return float(flops) if isinstance(flops, (int, float)) and flops > 0 else None
+
+
+def peak_flops(peak_tflops: float | None, device: torch.device, dtype: str) -> float | None:
+    """The peak MFU is measured against: `peak_tflops` (--peak-tflops) if given, else the peak
+    `octlm bench peak` measured on this machine, else the table of known GPUs; None (no MFU in
+    the log) when none applies."""
+    if peak_tflops:
+        return peak_tflops * 1e12
+    measured = measured_peak(device, dtype)
+    if measured:
+        return measured
+    if device.type == "cuda":
+        return table_peak(torch.cuda.get_device_name(device))
+    return None
+
+
+def table_peak(name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its name, or None when the table does not know it."""
+    return next((flops for pattern, flops in GPU_PEAKS if re.search(pattern, name)), None)

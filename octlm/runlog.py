@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
 
-from octlm import checks
+from octlm.config import checks
 from octlm.errors import OctlmError
 
 LOG_NAME = "log.jsonl"

@@ -30,7 +30,7 @@ import threading
 import traceback
 from pathlib import Path
 
-PRELOAD = ["octlm", "torch", "torch._dynamo", "octlm.cli", "octlm.trainer.loop"]
+PRELOAD = ["octlm", "torch", "torch._dynamo", "octlm.cli.main", "octlm.trainer.loop"]
 """octlm first: it pins the thread settings before torch loads, as the command does."""
 IMPORT_TIME = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "ATEN_", "TORCH", "PYTORCH_")
 IMPORT_TIME += ("CUDA", "NCCL_", "PYTHON", "LD_", "MALLOC", "GLIBC", "OCTLM_PINNED")
@@ -169,7 +169,7 @@ def _child(args: list[str], env: dict[str, str], cwd: str, stdin: str, out: str,
     except BaseException:  # what the interpreter prints for an uncaught exception
         traceback.print_exc()
         code = 1
-    from octlm.launch import exit_without_finalising
+    from octlm.trainer.launch import exit_without_finalising
 
     exit_without_finalising(code)  # what a normal exit does, bar the finalisation
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 import octlm
 from octlm import api
-from octlm.config import TrainConfig
+from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.prepare import text as prepare_text
 from octlm.runlog import read_log
@@ -39,7 +39,7 @@ def small(tiny_dataset: Path, out: Path, **changes) -> TrainConfig:
 def test_import_octlm_is_cheap_and_names_the_api() -> None:
     code = (
         "import json, sys, octlm; before = 'torch' in sys.modules; names = dir(octlm); "
-        "from octlm.trained import load_model; import octlm.cli; "
+        "from octlm.generation.trained import load_model; import octlm.cli.main; "
         "print(json.dumps([before, names, callable(octlm.load), octlm.train.__module__]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -57,9 +57,11 @@ def test_the_facade_names_are_the_functions_even_after_their_submodules_load() -
 
 
 def test_every_module_is_reachable_by_its_dotted_name_beside_the_api() -> None:
-    """No module hides behind an API name: after `import octlm.<package>.<module>` for every
-    module, each is reachable by its dotted name, and `octlm.train`, `octlm.load` and
-    `octlm.generate` are still the API's functions."""
+    """No module hides behind an API name, nor an API name behind a module: every public name
+    is resolved first (which binds them all on the package), then every module is imported by
+    its dotted path; each module is then reachable by that path, and every public name is
+    still the API's object. (Resolving after the imports alone hid `octlm.chat`: the module
+    `octlm/chat.py` beside the function.)"""
     names = sorted(
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for p in (ROOT / "octlm").rglob("*.py")
@@ -67,18 +69,32 @@ def test_every_module_is_reachable_by_its_dotted_name_beside_the_api() -> None:
     )
     code = (
         "import functools, importlib, json, octlm, sys; mods = json.loads(sys.argv[1]); "
+        "first = {n: getattr(octlm, n) for n in octlm.__all__}; "
         "[importlib.import_module(m) for m in mods]; "
         "bad = [m for m in mods if functools.reduce(getattr, m.split('.')[1:], octlm) "
         "is not sys.modules[m]]; "
-        "api = [octlm.train.__module__, octlm.load.__module__, octlm.generate.__module__]; "
-        "print(json.dumps([bad, api]))"
+        "moved = [n for n in first if getattr(octlm, n) is not first[n]]; "
+        "api = {n: getattr(octlm, n).__module__ for n in ('train', 'load', 'generate', 'chat')}; "
+        "print(json.dumps([bad, moved, api]))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, json.dumps(names)], capture_output=True, text=True, check=True
     )
-    bad, api_modules = json.loads(proc.stdout)
-    assert len(names) > 80 and bad == []
-    assert api_modules == ["octlm.api"] * 3
+    bad, moved, api_modules = json.loads(proc.stdout)
+    assert len(names) > 80 and bad == [] and moved == []
+    assert set(api_modules.values()) == {"octlm.api"}
+
+
+def test_the_chat_module_and_the_chat_function_live_side_by_side() -> None:
+    """The regression the check above now catches: after an API name resolves, the chat
+    session is still `octlm.generation.chat.ChatSession`, and `octlm.chat` is the function."""
+    import octlm.generation.chat as chat_module
+
+    assert octlm.train is api.train  # resolves every public name
+    assert octlm.chat is api.chat and callable(octlm.chat)
+    assert (
+        octlm.generation.chat is chat_module and chat_module.ChatSession.__name__ == "ChatSession"
+    )
 
 
 def test_the_progress_bars_are_tqdm_auto() -> None:

@@ -2,7 +2,7 @@
 `tokenizer train`): one stderr line `octlm: error: ...` naming the value and what it may be, a
 non-zero exit, no traceback, and nothing on disk changed (an existing run folder, sweep folder
 and dataset stay byte for byte as they were, and nothing new appears). In-process through
-`octlm.cli.main`; tests/test_cli_data.py runs a few of the data ones as real processes.
+`octlm.cli.main.main`; tests/test_cli_data.py runs a few of the data ones as real processes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli import main
+from octlm.cli.main import main
 
 TINY = ("--model", "tiny", "--context", "32", "--steps", "4", "--warmup", "1")
 HUGE = str(10**30)

@@ -104,7 +104,7 @@ def test_every_cookbook_block_runs(tmp_path, corpus_docs) -> None:
 
 
 def test_the_cookbook_toml_mixture_is_the_flag_form(tmp_path) -> None:
-    from octlm.config_files import make_config
+    from octlm.config.files import make_config
 
     (toml,) = section_blocks(DOC, "Cookbook", "toml")
     path = tmp_path / "mix.toml"

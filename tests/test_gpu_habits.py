@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.device import bf16_problem, memory_mb, resolve_device
+from octlm.device import bf16_problem, memory_mb, resolve_device, table_peak
 from octlm.errors import OctlmError
-from octlm.peak import table_peak
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,12 @@
 
 No re-export under `noqa: F401`, no underscore name imported from another module, no package
 file over 400 lines nor function over 60, and the rooms' import directions: `octlm/trainer/`
-imports no tool, no `octlm.trained` and no CLI; nothing below the tools imports `octlm.tools`;
+imports no tool, no `octlm.generation` and no CLI; nothing below the tools imports
+`octlm.tools`; the flat top holds only what every stage needs; no module is named like an API
+name;
 `octlm/tokenizer/` (which `data/` imports) imports only itself and the base (`errors`,
-`hashing`, `fsutil`). And the map: docs/architecture.md has one row per module.
+`hashing`, `fsutil`). And the map: docs/architecture.md has one row per module, and its floor
+table is the one the imports give.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def test_no_function_is_over_60_lines() -> None:
 
 
 def test_train_imports_no_tool_no_loader_and_no_cli() -> None:
-    above = ("octlm.tools", "octlm.trained", "octlm.cli")
+    above = ("octlm.tools", "octlm.generation", "octlm.cli")
     assert wrong_imports("octlm/trainer/", lambda m: m.startswith(above)) == {}
 
 
@@ -112,7 +115,7 @@ def test_the_tokenizer_imports_only_itself_and_the_base() -> None:
 def test_only_the_cli_and_the_tools_import_the_tools() -> None:
     bad = {}
     for name, text in sources().items():
-        if name.startswith("octlm/tools/") or name in ("octlm/cli.py", "octlm/cli_model.py"):
+        if name.startswith(("octlm/tools/", "octlm/cli/")):
             continue
         wrong = {m for m in imported_modules(ast.parse(text)) if m.startswith("octlm.tools")}
         if wrong:
@@ -197,7 +200,8 @@ def test_the_map_check_catches_a_missing_a_stale_and_a_doubled_row() -> None:
 def test_the_data_commands_start_without_torch() -> None:
     """`octlm prepare`, `octlm tokenizer` and their encoding workers never import torch (1.5 s
     of start-up each on a 2-core machine); the training side does."""
-    code = "import sys, octlm.cli, octlm.prepare.pool, octlm.prepare.pairs, octlm.prepare.text"
+    code = "import sys, octlm.cli.main, octlm.cli.data, octlm.prepare.pool, octlm.prepare.pairs"
+    code += ", octlm.prepare.text"
     code += "; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -233,3 +237,97 @@ def test_no_module_imports_itself_in_a_circle() -> None:
             seen.add(start)
             visit(start, [start])
     assert cycles == []
+
+
+# The flat top of octlm/: what every stage needs. A new module goes into the room of the stage it
+# serves (docs/architecture.md, "Where a new module goes"); one that truly serves every stage is
+# added here, in the same commit as its row in the map.
+TOP_LEVEL = frozenset(
+    {"__init__", "__main__", "api", "device", "errors", "extras", "fsutil", "hashing"}
+    | {"numerics", "runlog"}
+)
+
+
+def test_the_flat_top_holds_only_what_every_stage_needs() -> None:
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == TOP_LEVEL
+
+
+def api_names() -> set[str]:
+    """The names `import octlm` resolves (`_PUBLIC` in octlm/__init__.py), read from its source."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_PUBLIC":
+            return {key.value for key in node.value.keys}  # type: ignore[attr-defined]
+    raise AssertionError("octlm/__init__.py has no _PUBLIC")
+
+
+def test_no_package_or_module_is_named_like_an_api_name() -> None:
+    """`octlm.chat` is the API's function: a module `octlm/chat.py` (or a package `chat/`) would
+    be shadowed by it once any API name resolves, or shadow it before."""
+    assert {"train", "load", "generate", "chat", "TrainConfig"} <= api_names()
+    clashes = {
+        name for name in sources() if set(Path(name).with_suffix("").parts[1:2]) & api_names()
+    }
+    assert clashes == set()
+
+
+def unit_of(module: str) -> str:
+    """A module's unit in the floor table: its room (`trainer/`), or itself at the flat top."""
+    parts = module.split(".")
+    return f"{parts[1]}/" if (PACKAGE / parts[1]).is_dir() else parts[1]
+
+
+def unit_graph() -> dict[str, set[str]]:
+    """Each unit -> the units it imports (lazy and type-only imports included)."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in module_graph().items():
+        unit = "__init__" if module == "octlm" else unit_of(module)
+        deps = {"__init__" if m == "octlm" else unit_of(m) for m in imported}
+        graph.setdefault(unit, set()).update(deps - {unit})
+    return graph
+
+
+def floor_rows(graph: dict[str, set[str]]) -> list[tuple[int, list[str], list[str]]]:
+    """(floor, its units, what they import) for each floor: a unit's floor is one above the
+    highest floor it imports, 0 when it imports no other unit."""
+    floors: dict[str, int] = {}
+
+    def floor(unit: str) -> int:
+        if unit not in floors:
+            floors[unit] = 1 + max((floor(d) for d in graph[unit]), default=-1)
+        return floors[unit]
+
+    for unit in graph:
+        floor(unit)
+    rows = []
+    for n in sorted(set(floors.values()), reverse=True):
+        units = sorted(u for u in floors if floors[u] == n)
+        rows.append((n, units, sorted(set().union(*(graph[u] for u in units)))))
+    return rows
+
+
+def render_floor(row: tuple[int, list[str], list[str]]) -> str:
+    n, units, deps = row
+    names = ", ".join(f"`{u}`" for u in units)
+    return f"| {n} | {names} | {', '.join(f'`{d}`' for d in deps) or 'nothing of octlm'} |"
+
+
+def doc_floor_rows(doc: str) -> list[str]:
+    """The floor table's rows: table rows whose first cell is a number."""
+    return [line.strip() for line in doc.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+
+
+def test_the_floor_table_is_the_one_the_imports_give() -> None:
+    """docs/architecture.md's floors are computed, not remembered: each unit's floor and what
+    each floor imports. On failure the message is the table to paste."""
+    expected = [render_floor(row) for row in floor_rows(unit_graph())]
+    assert doc_floor_rows(ARCHITECTURE.read_text()) == expected, "\n" + "\n".join(expected)
+
+
+def test_the_floor_check_catches_a_wrong_floor_and_a_missing_import() -> None:
+    graph = {"a": set(), "b": {"a"}, "c": {"a", "b"}}
+    rows = [render_floor(row) for row in floor_rows(graph)]
+    assert rows == ["| 2 | `c` | `a`, `b` |", "| 1 | `b` | `a` |", "| 0 | `a` | nothing of octlm |"]
+    doc = "| 2 | `c` | `b` |\n| 1 | `b` | `a` |\n| 0 | `a` | nothing of octlm |\n| x | y |"
+    assert doc_floor_rows(doc) != rows  # c's import of a is missing from the doc

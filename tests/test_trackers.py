@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from octlm.cli import main
-from octlm.config import ConfigError, TrainConfig
+from octlm.cli.main import main
+from octlm.config.train import ConfigError, TrainConfig
 from octlm.runlog import RunLog, read_log
 from octlm.trackers.sinks import Guarded, parse_trackers
 from octlm.trackers.tensorboard_sink import TensorBoardSink

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from octlm.shape import ModelConfig, preset
+from octlm.config.shape import ModelConfig, preset
 
 
 def unit_config(context: int, **options: Any) -> ModelConfig:

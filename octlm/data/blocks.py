@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from octlm.hashing import sha256_bytes, sha256_json
-from octlm.model import IGNORE_INDEX
+from octlm.model.gpt import IGNORE_INDEX
 from octlm.tokenizer.core import Tokenizer
 
 

@@ -35,7 +35,7 @@ documents) start mid-document, as unavoidably as the documents' continuations mu
 
 With `doc_mask` (--doc-mask) a row also has its segments, 1, 2, ... per piece: the model then
 lets a position attend only within its piece and restarts RoPE positions there
-(`octlm.positions.segment_attention`), the machinery packed fine-tuning examples use.
+(`octlm.model.positions.segment_attention`), the machinery packed fine-tuning examples use.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import torch
 from octlm.data.packing import PACKING, START, TARGET, pack
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.hashing import sha256_bytes
-from octlm.model import IGNORE_INDEX
+from octlm.model.gpt import IGNORE_INDEX
 
 
 def example_bounds(mask: TokenStream) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """`octlm prepare --format chat`: conversations (a JSON line's `messages` list of
 {"role", "content"} turns, or a Parquet/Arrow column of such lists, as Hugging Face chat
 datasets store them) written as token shards plus a loss-mask stream in which only the
-assistant turns are targets. The format itself is `octlm.chat_format`; the dataset is built by
+assistant turns are targets. The format itself is `octlm.data.chat_format`; the dataset is built by
 `octlm.prepare.pairs`, as prompt/completion pairs are.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from octlm.chat_format import ASSISTANT, Message, encode_chat, parse_messages, turn_text
+from octlm.data.chat_format import ASSISTANT, Message, encode_chat, parse_messages, turn_text
 from octlm.errors import DataError
 from octlm.prepare.sources import Source, json_objects
 from octlm.prepare.tables import ARROW, PARQUET, Column, read_columns
@@ -61,7 +61,7 @@ def encode_conversations(
 ) -> tuple[np.ndarray, np.ndarray, list[int], dict[str, list[int]]]:
     """(tokens, loss mask, tokens per conversation, counts per conversation) of
     `conversations` back to back; the counts are its assistant turns and those whose text
-    merged into the header (`octlm.chat_format`)."""
+    merged into the header (`octlm.data.chat_format`)."""
     ids: list[int] = []
     marks: list[int] = []
     lengths = []

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from octlm import checks
-from octlm.chat_format import CHAT_FORMAT, CHAT_TEMPLATE_VERSION, special_pattern
+from octlm.config import checks
+from octlm.data.chat_format import CHAT_FORMAT, CHAT_TEMPLATE_VERSION, special_pattern
 from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.packing import CONTEXT, LOSS_MASK_VERSION, START, TARGET, waste_shares
 from octlm.data.shards import (

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm  # a widget in Jupyter, the terminal bar elsewhere
 
-from octlm import checks
+from octlm.config import checks
 from octlm.data.dataset_tokenizer import tokenizer_entry
 from octlm.data.shards import (
     MANIFEST_VERSION,

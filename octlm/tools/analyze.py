@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from octlm.config import TrainConfig, config_keys
+from octlm.config.train import TrainConfig, config_keys
 from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.device import autocast, check_dtype
 from octlm.errors import OctlmError
-from octlm.trained import load_model, run_dataset
+from octlm.generation.trained import load_model, run_dataset
 from octlm.trainer.checkpoint import CheckpointInfo
 from octlm.trainer.distributed import DistInfo
 from octlm.trainer.inputs import build_sampler, windows

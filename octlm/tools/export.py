@@ -1,7 +1,7 @@
 """Export a run's model: a Hugging Face Llama (or Qwen3) folder, or one plain safetensors file.
 
 octlm's model is Llama's architecture with Llama's RoPE layout (Qwen3's with --qk-norm), so the
-`hf` export is a renaming of tensors (`octlm.llama`'s table) plus config and tokenizer files; no
+`hf` export is a renaming of tensors (`octlm.model.hf`'s table) plus config and tokenizer files; no
 tensor is permuted. A model with --logit-softcap has no such architecture and is refused. Only
 safetensors and json are needed here: `transformers` is for whoever loads the result, never
 imported by octlm.
@@ -16,11 +16,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from octlm.chat_format import JINJA_TEMPLATE, check_template_version
+from octlm.data.chat_format import JINJA_TEMPLATE, check_template_version
 from octlm.data.shards import MANIFEST_NAME, TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
-from octlm.llama import hf_config, hf_state_dict
+from octlm.model.hf import hf_config, hf_state_dict
 from octlm.tokenizer.core import Tokenizer
 
 FORMATS = ("hf", "safetensors")
@@ -44,7 +44,7 @@ def tokenizer_config(context: int, tok: Tokenizer, chat: bool = False) -> dict[s
     as octlm does; decoding keeps spaces as they are.
 
     `chat` (a chat fine-tune): the chat format's Jinja template, so `apply_chat_template`
-    gives `octlm.chat_format`'s ids. Its rendered string holds BOS/EOS as text, which the
+    gives `octlm.data.chat_format`'s ids. Its rendered string holds BOS/EOS as text, which the
     tokenizer must read as the tokens: split_special_tokens is off. The two agree on any text
     without a special token's string in it, which `prepare --format chat` refuses in turns.
     """
@@ -116,9 +116,9 @@ def export_hf(
     is written."""
     from safetensors.torch import save_file
 
+    from octlm.config.shape import ModelConfig
     from octlm.data.dataset_tokenizer import tokenizer_at
-    from octlm.shape import ModelConfig
-    from octlm.trained import load_weights, tokenizer_file
+    from octlm.generation.trained import load_weights, tokenizer_file
 
     out = Path(out)
     _refuse_non_empty(out, force)
@@ -164,7 +164,7 @@ def export_safetensors(run_or_ckpt: str | Path, out: str | Path, *, force: bool 
         raise OctlmError(f"{out} is a folder", "name a file ending in .safetensors")
     from safetensors.torch import save_file
 
-    from octlm.trained import load_weights
+    from octlm.generation.trained import load_weights
     from octlm.trainer.checkpoint import snapshot_header
 
     target = out if out.suffix == ".safetensors" else out / SAFETENSORS_NAME

@@ -69,8 +69,8 @@ def compare_with_last(out: Path, last: Path, batches: int, micro_batch: int = 16
     was made of, on the same windows of the run's validation split (fp32); recorded in
     merge.json as `eval`, and drawn by `octlm report OUT`."""
     from octlm.data.dataset_tokenizer import dataset_tokenizer
-    from octlm.evaluate import evaluate_split
-    from octlm.trained import load_model, run_dataset
+    from octlm.evaluate.loss import evaluate_split
+    from octlm.generation.trained import load_model, run_dataset
 
     scores: dict = {"split": "val", "batches": batches, "micro_batch": micro_batch}
     for name, path in (("merged", out), ("last", last)):

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from octlm.config import TrainConfig
-from octlm.config_checks import parse_mixture
-from octlm.config_files import to_toml
+from octlm.config.files import to_toml
+from octlm.config.rules import parse_mixture
+from octlm.config.train import TrainConfig
 
 # Given by each launch (`train`'s arguments and flags), never written into the shared TOML.
 PER_LAUNCH_KEYS = ("out", "resume", "stop_at", "progress")

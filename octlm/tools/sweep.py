@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from octlm import checks
-from octlm.config import TrainConfig
+from octlm.config import checks
+from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.runlog import log_file, read_log
 from octlm.tools import subrun

@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from octlm import checks
-from octlm.config import NON_TRAJECTORY_KEYS, ConfigError, TrainConfig
-from octlm.config_files import make_config, read_toml
+from octlm.config import checks
+from octlm.config.files import make_config, read_toml
+from octlm.config.train import NON_TRAJECTORY_KEYS, ConfigError, TrainConfig
 from octlm.errors import OctlmError
 
 _TYPES = {f.name: str(f.type).replace(" | None", "") for f in fields(TrainConfig)}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from octlm.config import TrainConfig
+from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
 from octlm.runlog import LOG_NAME, read_log

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from octlm.config import TrainConfig
+from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, atomic_write_bytes
 from octlm.hashing import checksum_algo, checksum_matches

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from octlm.config import TrainConfig
+from octlm.config.shape import PRESETS, SHAPE_KEYS, ModelConfig
+from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.fsutil import read_json_object
 from octlm.hashing import checksum_matches, file_sha256, weights_sha256
-from octlm.llama import layers_held, model_config_from_hf, octlm_state_dict
-from octlm.model import GPT
+from octlm.model.gpt import GPT
+from octlm.model.hf import layers_held, model_config_from_hf, octlm_state_dict
 from octlm.runlog import LOG_NAME
-from octlm.shape import PRESETS, SHAPE_KEYS, ModelConfig
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.resume import load_newest_valid

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from octlm.config import TrainConfig
-from octlm.config_checks import parse_mixture
+from octlm.config.rules import parse_mixture
+from octlm.config.shape import preset
+from octlm.config.train import TrainConfig
 from octlm.data.blocks import TokenBlocks, make_blocks
 from octlm.data.bos import BosRows
 from octlm.data.dataset_tokenizer import dataset_tokenizer
@@ -21,10 +22,9 @@ from octlm.data.packing import LOSS_MASK_VERSION
 from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows, Windows, first_windows
 from octlm.errors import OctlmError
-from octlm.evaluate import ValidationSet
+from octlm.evaluate.loss import ValidationSet
 from octlm.prepare.corpus import read_documents
 from octlm.prepare.text import embedded_dataset
-from octlm.shape import preset
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer.distributed import DistInfo
 

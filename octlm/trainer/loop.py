@@ -19,14 +19,13 @@ from pathlib import Path
 # tqdm.auto: a widget in Jupyter (plain tqdm writes text into the cell), the usual bar elsewhere.
 from tqdm.auto import tqdm
 
-from octlm.config import TrainConfig
-from octlm.device import build_info, memory_mb
+from octlm.config.train import TrainConfig
+from octlm.device import build_info, memory_mb, peak_flops
 from octlm.errors import OctlmError
-from octlm.evaluate import EvalResult
+from octlm.evaluate.loss import EvalResult
+from octlm.evaluate.tasks import TaskScore, score_task, task_fields
 from octlm.hashing import tensor_digests, weights_sha256
-from octlm.peak import peak_flops
 from octlm.runlog import RunLog
-from octlm.tasks import TaskScore, score_task, task_fields
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, peer_failure, shutdown

@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from octlm.config import fused_or_default
+from octlm.config.train import fused_or_default
 from octlm.trainer.muon import MuonAdamW
 
 

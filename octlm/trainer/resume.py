@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from octlm.config import TrainConfig, fused_or_default
+from octlm.config.train import TrainConfig, fused_or_default
 from octlm.device import fast_bf16_products
 from octlm.errors import RankError, ResumeError
 from octlm.trainer import checkpoint as ckpt

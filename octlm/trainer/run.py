@@ -16,19 +16,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from octlm.config import TrainConfig
-from octlm.config_diff import trajectory_changes
+from octlm.config.diff import trajectory_changes
+from octlm.config.shape import ModelConfig, preset
+from octlm.config.train import TrainConfig
 from octlm.data.mixture import MixtureSampler
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
 from octlm.device import build_changes, build_info, check_device_dtype, keep_freed_host_memory
 from octlm.errors import ResumeError
-from octlm.evaluate import EvalResult, ValidationSet, combine, validate
+from octlm.evaluate.loss import EvalResult, ValidationSet, combine, validate
+from octlm.evaluate.tasks import Task, read_tasks
 from octlm.hashing import weights_sha256
-from octlm.model import GPT
+from octlm.model.gpt import GPT
 from octlm.runlog import git_commit
-from octlm.shape import ModelConfig, preset
-from octlm.tasks import Task, read_tasks
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import (

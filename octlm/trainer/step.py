@@ -17,7 +17,7 @@ from torch import nn
 
 from octlm.device import autocast
 from octlm.hashing import tensor_digests
-from octlm.model import IGNORE_INDEX
+from octlm.model.gpt import IGNORE_INDEX
 from octlm.trainer.noise import MicroGradTracker, simple_noise_scale
 from octlm.trainer.optim import clip_grad_norm, set_lr
 

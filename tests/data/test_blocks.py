@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from octlm.data.blocks import make_blocks
-from octlm.model import IGNORE_INDEX
+from octlm.model.gpt import IGNORE_INDEX
 
 T = 16
 

@@ -14,7 +14,7 @@ import torch
 from octlm.data.bos import BosRows, fill_rows
 from octlm.data.order import Sampler
 from octlm.data.shards import TokenStream
-from octlm.model import GPT
+from octlm.model.gpt import GPT
 from tests.unit_model import unit_config
 
 EOS = 1

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from octlm.config import TrainConfig
-from octlm.config_checks import ConfigError, parse_mixture
+from octlm.config.rules import ConfigError, parse_mixture
+from octlm.config.train import TrainConfig
 from octlm.data.mixture import STRATUM, MixtureSampler, mixture_fingerprint, quotas
 from octlm.data.shards import TokenStream
 from octlm.data.windows import StreamWindows
@@ -129,7 +129,7 @@ def test_state_round_trips_and_refuses_other_weights() -> None:
 
 
 def test_the_toml_table_form_is_the_flag_form(tmp_path) -> None:
-    from octlm.config_files import make_config
+    from octlm.config.files import make_config
 
     path = tmp_path / "mix.toml"
     path.write_text('steps = 100\n\n[data]\n"data/stories" = 0.7\n"data/code" = 0.3\n')

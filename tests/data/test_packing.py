@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from octlm.config.shape import preset
 from octlm.data.packed import PackedWindows, example_bounds
 from octlm.data.packing import CONTEXT, START, TARGET, pack, waste_shares
 from octlm.data.shards import TokenStream
-from octlm.model import GPT, IGNORE_INDEX, segment_attention
+from octlm.model.gpt import GPT, IGNORE_INDEX, segment_attention
 from octlm.prepare.pairs import Example, encode_examples
-from octlm.shape import preset
 from octlm.tokenizer.core import Tokenizer
 
 TOKENIZER = Path(__file__).parents[1] / "golden" / "v1-micro" / "data" / "tokenizer.json"

@@ -18,8 +18,8 @@ from octlm.data.order import Sampler
 from octlm.data.packed import PackedWindows
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.data.windows import Batch, StreamWindows, Windows, first_windows
-from octlm.evaluate import ValidationSet
-from octlm.model import IGNORE_INDEX
+from octlm.evaluate.loss import ValidationSet
+from octlm.model.gpt import IGNORE_INDEX
 from octlm.prepare.pairs import Example, encode_examples
 from octlm.tokenizer.core import Tokenizer
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from octlm.chat import ChatSession
-from octlm.chat_format import JINJA_TEMPLATE
+from octlm.data.chat_format import JINJA_TEMPLATE
+from octlm.generation.chat import ChatSession
+from octlm.generation.trained import load_model, run_tokenizer
 from octlm.prepare.corpus import embedded_documents
-from octlm.trained import load_model, run_tokenizer
 from tests.e2e.helpers import end_hash, octlm, steps_of
 from tests.shared import shared
 

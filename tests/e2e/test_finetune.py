@@ -17,11 +17,11 @@ import pytest
 from octlm.data.packed import PackedWindows
 from octlm.data.packing import TARGET
 from octlm.data.shards import ShardDataset
-from octlm.evaluate import evaluate_split
+from octlm.evaluate.loss import evaluate_split
+from octlm.generation.trained import load_model
 from octlm.prepare.corpus import embedded_documents
 from octlm.runlog import read_log
 from octlm.tokenizer.core import Tokenizer
-from octlm.trained import load_model
 from tests.e2e.helpers import end_hash, octlm, steps_of
 from tests.shared import shared
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.model import GPT
+from octlm.generation.trained import load_model, run_tokenizer
+from octlm.model.gpt import GPT
 from octlm.prepare.corpus import Document
 from octlm.tokenizer.core import Tokenizer
-from octlm.trained import load_model, run_tokenizer
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 from tests.e2e.helpers import octlm
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from octlm.data.shards import ShardDataset
+from octlm.generation.sampling import generate
+from octlm.generation.trained import load_model
 from octlm.prepare.text import PrepareConfig, prepare
 from octlm.runlog import read_log
-from octlm.sampling import generate
-from octlm.trained import load_model
 from tests import octlm_process
 
 pytestmark = pytest.mark.slow

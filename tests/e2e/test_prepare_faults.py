@@ -154,7 +154,7 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path):
     pq.write_table(pa.table({"text": ["a", "b"]}), path)
     code = (
         "import sys; sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None; "
-        "from octlm.cli import main; "
+        "from octlm.cli.main import main; "
         f"sys.exit(main(['prepare', {str(path)!r}, '--out', {str(tmp_path / 'd')!r}]))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.config_files import SHIPPED_CONFIGS
+from octlm.config.files import SHIPPED_CONFIGS
+from octlm.config.shape import ModelConfig
 from octlm.device import fast_bf16_products
-from octlm.model import GPT
+from octlm.model.gpt import GPT
 from octlm.runlog import read_log
-from octlm.shape import ModelConfig
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import (
     DIST_FLAGS,

@@ -177,7 +177,7 @@ def test_split_equals_straight_variants(tiny_dataset, reference, tmp_path, varia
 
 def test_split_equals_straight_pad_masked_blocks(tiny_dataset, reference, short_text, tmp_path):
     from octlm.data.blocks import make_blocks
-    from octlm.model import IGNORE_INDEX
+    from octlm.model.gpt import IGNORE_INDEX
     from octlm.tokenizer.core import Tokenizer
 
     blocks = make_blocks(

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.cli import main
-from octlm.model import GPT
+from octlm.cli.main import main
+from octlm.config.shape import PRESETS
+from octlm.model.gpt import GPT
 from octlm.runlog import read_log
-from octlm.shape import PRESETS
 from octlm.tools.rundiff import diff_folders
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer import loop

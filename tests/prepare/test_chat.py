@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from octlm.chat_format import Message, encode_chat
+from octlm.data.chat_format import Message, encode_chat
 from octlm.data.shards import ShardDataset
 from octlm.errors import DataError
 from octlm.prepare.pairs import PairsConfig, prepare_pairs, summary_lines

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from octlm.config.shape import preset
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.data.windows import StreamWindows
 from octlm.errors import OctlmError
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.model.gpt import GPT
 from octlm.tools.analyze import (
     FP16_MIN_SUBNORMAL,
     token_counts,

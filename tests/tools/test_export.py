@@ -17,16 +17,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from octlm.cli import main
+from octlm.cli.main import main
+from octlm.config.shape import ModelConfig
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
+from octlm.generation.sampling import generate
+from octlm.generation.trained import load_model
 from octlm.hashing import file_sha256, weights_sha256
-from octlm.model import GPT
-from octlm.sampling import generate
-from octlm.shape import ModelConfig
+from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
-from octlm.trained import load_model
 from tests import octlm_process
 
 # Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).
@@ -246,5 +246,5 @@ def test_bad_input_is_one_error_line(run, tiny_dataset, tmp_path, capsys) -> Non
 
 
 def test_export_never_imports_transformers() -> None:
-    code = "import sys, octlm.tools.export, octlm.cli; sys.exit('transformers' in sys.modules)"
+    code = "import sys, octlm.tools.export, octlm.cli.main; sys.exit('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -19,12 +19,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from octlm.cli import main
-from octlm.config_files import make_config
+from octlm.cli.main import main
+from octlm.config.files import make_config
+from octlm.config.shape import ModelConfig, preset
 from octlm.data.shards import ShardDataset
 from octlm.hashing import file_sha256, weights_sha256
-from octlm.model import GPT
-from octlm.shape import ModelConfig, preset
+from octlm.model.gpt import GPT
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.init_from import read_source
 from octlm.trainer.run import build_run

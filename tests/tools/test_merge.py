@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from octlm.generation.trained import load_weights
 from octlm.hashing import weights_sha256
 from octlm.tools.report import runs as report_runs
-from octlm.trained import load_weights
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import octlm, train_args
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli import main
+from octlm.cli.main import main
 from octlm.errors import OctlmError
 from octlm.tools.plot import clipped_points, load_series, plot_runs, pyplot, unigram_baseline
 from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log

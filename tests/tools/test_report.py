@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from octlm.cli import main
-from octlm.config_files import load_toml
+from octlm.cli.main import main
+from octlm.config.files import load_toml
 from octlm.runlog import RunLog
 from octlm.tools.report import report as page
 from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets

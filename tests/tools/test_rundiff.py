@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from octlm.cli import main
+from octlm.cli.main import main
 from octlm.runlog import RunLog, read_log
 from octlm.tools.rundiff import diff_folders, diff_runs, format_diff
 from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from octlm.config import TrainConfig
-from octlm.config_files import load_toml
+from octlm.config.files import load_toml
+from octlm.config.train import TrainConfig
 from octlm.tools import subrun
 
 

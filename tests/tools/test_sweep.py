@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from octlm.config import ConfigError, TrainConfig
-from octlm.config_files import load_toml
+from octlm.config.files import load_toml
+from octlm.config.train import ConfigError, TrainConfig
 from octlm.errors import OctlmError
 from octlm.runlog import RunLog
 from octlm.tools import subrun
@@ -182,7 +182,7 @@ def test_a_sweep_whose_runs_failed_finishes_the_others_and_exits_non_zero(
 ) -> None:
     """The failed run is reported in the summary and in one last error line; the runs after it
     still run; the command's status is 1, not 0."""
-    from octlm.cli import main
+    from octlm.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(subrun, "write_config", lambda cfg, path: path)  # no corpus to prepare

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli import main
-from octlm.config import TrainConfig
+from octlm.cli.main import main
+from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.runlog import RunLog, read_log
 from octlm.tools import subrun

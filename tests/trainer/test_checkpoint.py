@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import save, save_file
 
-from octlm.config import TrainConfig
+from octlm.config.shape import preset
+from octlm.config.train import TrainConfig
 from octlm.hashing import file_checksum, file_sha256
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.model.gpt import GPT
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.checkpoint import (
     CKPT_DIR,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from octlm.config import TrainConfig
-from octlm.shape import PRESETS
+from octlm.config.shape import PRESETS
+from octlm.config.train import TrainConfig
 from octlm.trainer.init_from import InitFromError, check_preset, check_shape_keys
 
 SOURCE = PRESETS["tiny"].to_dict()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from octlm.config import TrainConfig
+from octlm.config.train import TrainConfig
 from octlm.data.blocks import TokenBlocks
 from octlm.data.shards import ShardDataset, TokenStream
 from octlm.data.windows import StreamWindows

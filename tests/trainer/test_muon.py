@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from octlm.config import TrainConfig
-from octlm.model import GPT
-from octlm.shape import ModelConfig
+from octlm.config.shape import ModelConfig
+from octlm.config.train import TrainConfig
+from octlm.model.gpt import GPT
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.muon import (
     NS_COEFFICIENTS,

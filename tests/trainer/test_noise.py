@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from octlm.model import GPT, IGNORE_INDEX
-from octlm.shape import preset
+from octlm.config.shape import preset
+from octlm.model.gpt import GPT, IGNORE_INDEX
 from octlm.trainer.noise import MicroGradTracker, noise_components, simple_noise_scale
 
 D, SIGMA, TRUE_B = 256, 1.5, 48.0

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.config import FUSED_DEFAULT, TrainConfig
-from octlm.config_files import make_config
+from octlm.config.files import make_config
+from octlm.config.shape import preset
+from octlm.config.train import FUSED_DEFAULT, TrainConfig
 from octlm.device import fast_bf16_products
-from octlm.model import GPT
-from octlm.shape import preset
+from octlm.model.gpt import GPT
 from octlm.trainer.checkpoint import CheckpointInfo
 from octlm.trainer.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
 from octlm.trainer.resume import settled_defaults, settled_ns_dtype

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from octlm.config import TrainConfig
+from octlm.config.train import TrainConfig
 from octlm.trainer.schedule import learning_rate
 
 PEAK = 1e-3

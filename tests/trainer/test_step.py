@@ -11,8 +11,8 @@ import contextlib
 import pytest
 import torch
 
-from octlm.model import GPT, IGNORE_INDEX
-from octlm.shape import preset
+from octlm.config.shape import preset
+from octlm.model.gpt import GPT, IGNORE_INDEX
 from octlm.trainer.step import StepSetup, train_step
 
 TINY = preset(

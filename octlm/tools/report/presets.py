@@ -12,8 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from octlm.config import ConfigError, TrainConfig
-from octlm.config_files import SHIPPED_CONFIGS, load_toml
+from octlm.config.files import SHIPPED_CONFIGS, load_toml
+from octlm.config.train import ConfigError, TrainConfig
 
 SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio", "schedule", "decay_steps", "decay_shape")
 

@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from octlm.config.shape import SHAPE_KEYS
 from octlm.errors import OctlmError
 from octlm.runlog import read_log_counted, require_log
-from octlm.shape import SHAPE_KEYS
 
 SAMPLES_NAME = "samples.txt"
 MERGE_RECORD = "merge.json"

@@ -1,0 +1,1 @@
+"""The `octlm` command: every subcommand's flags and handler."""

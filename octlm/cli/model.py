@@ -1,0 +1,229 @@
+"""The `octlm` commands that use a trained model: `eval`, `generate`, `hash`, `merge` and `chat`,
+each a run folder, checkpoint or snapshot in and a line (or a few, or a conversation) out."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from octlm.config import checks
+from octlm.config.train import DTYPES
+from octlm.data.shards import SPLITS
+from octlm.errors import OctlmError
+from octlm.hashing import weights_sha256
+
+
+def run_parser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand whose first argument is a trained run."""
+    parser = sub.add_parser(name, help=help_text)
+    parser.add_argument("run", help="run folder (its newest checkpoint) or checkpoint file")
+    return parser
+
+
+def add_model_commands(sub: Any) -> None:
+    ev = run_parser(sub, "eval", "validation loss, perplexity and bits per byte")
+    ge = run_parser(sub, "generate", "continue a prompt (or a file of them, as one batch)")
+    ha = run_parser(sub, "hash", "print the model's weights_sha256")
+    for parser in (ev, ge, ha):
+        parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    ev.add_argument("--data", help="dataset folder (default: the one the run trained on)")
+    ev.add_argument("--split", choices=SPLITS, default="val")
+    ev.add_argument("--batches", type=int, default=40, help="micro-batches; 0 = the whole split")
+    ev.add_argument("--micro-batch", type=int, default=16)
+    ev.add_argument("--dtype", choices=DTYPES, default="fp32")
+    ev.add_argument(
+        "--tasks",
+        metavar="FILE[:N],...",
+        help="multiple-choice task files (JSON lines: context, choices, gold; or HellaSwag or "
+        "ARC lines), each its first N questions: acc and acc_norm as lm-eval scores them",
+    )
+    ev.set_defaults(handler=_cmd_eval)
+    prompt = ge.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt")
+    prompt.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="a text file of prompts, one a line, decoded as one batch; prints a JSON line "
+        '{"prompt", "text"} for each, the text being what --prompt would print for it',
+    )
+    ge.add_argument("--data", help="dataset folder whose tokenizer to use (default: the run's)")
+    ge.add_argument("--max-new-tokens", type=int, default=64)
+    ge.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ge.add_argument("--top-k", type=int, default=None)
+    ge.add_argument("--seed", type=int, default=0)
+    ge.set_defaults(handler=_cmd_generate)
+    ha.set_defaults(handler=_cmd_hash)
+    _add_merge(sub)
+    _add_chat(sub)
+
+
+def _add_chat(sub: Any) -> None:
+    ch = run_parser(sub, "chat", "talk to a chat fine-tune in the terminal (docs/chat.md)")
+    ch.add_argument("--system", help="a system turn to start the conversation with")
+    ch.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    ch.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
+    ch.add_argument("--top-k", type=int, default=50)
+    ch.add_argument("--seed", type=int, default=0, help="the same turns give the same replies")
+    ch.add_argument("--data", help="dataset folder whose tokenizer and chat format to use")
+    ch.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    ch.set_defaults(handler=_cmd_chat)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from octlm.data.chat_format import check_chat_dataset
+    from octlm.generation.chat import ChatSession, chat_loop
+    from octlm.generation.sampling import check_sampling
+    from octlm.generation.trained import load_model, run_dataset, run_tokenizer
+
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    model, info = load_model(args.run, device=args.device)
+    check_chat_dataset(run_dataset(info, args.data).manifest, args.run)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
+    session = ChatSession(
+        model,
+        run_tokenizer(info, args.data),
+        system=args.system,
+        max_new_tokens=args.max_new_tokens,
+        **sampling,
+    )
+    # Line editing and history for input(); not on every platform, and the loop works without.
+    with contextlib.suppress(ImportError):
+        importlib.import_module("readline")
+    return chat_loop(session)
+
+
+def _add_merge(sub: Any) -> None:
+    me = sub.add_parser("merge", help="the float32 mean of a run's last checkpoints, or of files")
+    me.add_argument(
+        "sources",
+        nargs="+",
+        metavar="RUN_OR_FILE",
+        help="a run folder with --last K; else two or more checkpoint or snapshot files (a run "
+        "folder among them: its newest checkpoint), oldest first",
+    )
+    me.add_argument("--last", type=int, help="merge the run's K newest checkpoints and snapshots")
+    me.add_argument(
+        "--weights", help="one weight per checkpoint, oldest first: 1,1,2 (default: equal)"
+    )
+    me.add_argument("-o", "--out", required=True, help="the folder to write")
+    me.add_argument(
+        "--eval-batches",
+        type=int,
+        default=8,
+        help="score the merge and the newest checkpoint on this many validation micro-batches "
+        "of 16 (recorded in merge.json, drawn by `octlm report`); 0 = do not",
+    )
+    me.add_argument("--force", action="store_true", help="write into a folder that is not empty")
+    me.set_defaults(handler=_cmd_merge)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from octlm.evaluate.tasks import read_tasks
+    from octlm.generation.trained import load_model, merged_last
+
+    tasks = read_tasks(args.tasks) if args.tasks else []  # bad files refused before loading
+    model, info = load_model(args.run, device=args.device)
+    scores = _evaluate(args, model, info, tasks)
+    last = merged_last(info)
+    if last is not None:  # a merge: the newest checkpoint it was made of, on the same data
+        last_model, last_info = load_model(last, device=args.device)
+        last_scores = _evaluate(args, last_model, last_info, tasks)
+        for name, (value, better) in scores.items():
+            delta = value - last_scores[name][0]
+            verdict = "better" if (delta > 0) == better and delta != 0 else "not better"
+            print(f"merged - last ({last_info.step}): {name} {delta:+.4f} ({verdict})")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> dict:
+    """Print the model's evaluation lines; {name: (value, whether higher is better)}."""
+    from octlm.data.dataset_tokenizer import dataset_tokenizer
+    from octlm.evaluate.loss import evaluate_split
+    from octlm.evaluate.tasks import score_task
+    from octlm.generation.trained import run_dataset, run_tokenizer
+
+    if tasks:
+        tokenizer, out = run_tokenizer(info, args.data), {}
+        for task in tasks:
+            s = score_task(model, task, tokenizer, model.config.context, model_device(model))
+            print(
+                f"{info.path}  step {info.step}  task {task.name}: acc {s.acc:.4f}  "
+                f"acc_norm {s.acc_norm:.4f}  ({s.questions} questions)"
+            )
+            out[f"{task.name} acc_norm"] = (s.acc_norm, True)
+        return out
+    dataset = run_dataset(info, args.data)
+    token_bytes = dataset_tokenizer(dataset).token_bytes_table
+    sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
+    r = evaluate_split(model, dataset, token_bytes, split=args.split, **sizes)
+    where = f"{info.path}  step {info.step}  {args.split}"
+    print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
+    return {"loss": (r.loss, False), "bpb": (r.bpb, False)}
+
+
+def model_device(model: Any) -> Any:
+    return next(model.parameters()).device
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from octlm.generation.sampling import check_sampling, generate_texts, read_prompts
+    from octlm.generation.trained import load_model, run_tokenizer
+
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)  # before loading
+    prompts = [args.prompt] if args.prompts is None else read_prompts(args.prompts)
+    model, info = load_model(args.run, device=args.device)
+    tokenizer, n = run_tokenizer(info, args.data), args.max_new_tokens
+    texts = generate_texts(model, tokenizer, prompts, max_new_tokens=n, **sampling)
+    if args.prompts is None:
+        print(texts[0])
+        return 0
+    for p, text in zip(prompts, texts, strict=True):  # one line each: texts hold newlines
+        print(json.dumps({"prompt": p, "text": text}, ensure_ascii=False))
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from octlm.tools.merge import compare_with_last, last_checkpoints, merge
+    from octlm.trainer.checkpoint import find_checkpoint
+
+    if args.last is not None:
+        checks.check("--last", args.last, checks.Int(2), "merge 2 or more checkpoints")
+        if len(args.sources) != 1:
+            raise OctlmError("--last takes one run folder", "name one run, or files without --last")
+        sources = last_checkpoints(Path(args.sources[0]), args.last)
+    else:
+        sources = [find_checkpoint(source) for source in args.sources]
+    weights = None if args.weights is None else _weights(args.weights)
+    checks.check("--eval-batches", args.eval_batches, checks.Int(0), "use 0 to skip, or more")
+    path, digest = merge(sources, weights, Path(args.out), args.force)
+    print(f"merged {len(sources)} checkpoints into {path}: weights_sha256 {digest}")
+    if args.eval_batches:
+        s = compare_with_last(Path(args.out), sources[-1][0], args.eval_batches)
+        merged, last = s["merged"], s["last"]
+        print(
+            f"val bpb: merged {merged['bpb']:.4f}, last (step {last['step']}) {last['bpb']:.4f}, "
+            f"merged - last {merged['bpb'] - last['bpb']:+.4f} ({merged['tokens']:,} tokens)"
+        )
+    return 0
+
+
+def _weights(text: str) -> list[float]:
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise OctlmError(
+            f"--weights {text} is not a list of numbers", "e.g. --weights 1,1,2"
+        ) from None
+
+
+def _cmd_hash(args: argparse.Namespace) -> int:
+    from octlm.generation.trained import load_model
+
+    model, info = load_model(args.run, device=args.device)
+    print(f"{weights_sha256(model.state_dict())}  {info.path}")
+    return 0

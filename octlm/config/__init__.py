@@ -1,0 +1,1 @@
+"""The settings, torch-free: `TrainConfig`, its rules, TOML files, the model's shape."""

@@ -1,0 +1,107 @@
+"""Settings files: a TOML file of `octlm train` keys (and a sweep's [sweep] table) read into a
+`TrainConfig`, a resolved config written back as TOML, and each key's docs (`--help`).
+`--config` takes a path or the name of a config shipped in the package (`tiny`,
+`ablations/lr`), so an installed octlm has them too.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from octlm.config import checks
+from octlm.config.rules import unknown_keys_problem
+from octlm.config.train import ConfigError, TrainConfig, config_keys
+
+# Package data (pyproject.toml): the same files in a checkout and in an installed wheel.
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """The names `--config` resolves without a path: `tiny`, ..., `ablations/lr`, sorted."""
+    found = SHIPPED_CONFIGS.rglob("*.toml")
+    return sorted(p.relative_to(SHIPPED_CONFIGS).with_suffix("").as_posix() for p in found)
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """The file a `--config` value names: an existing path as given, else a shipped config's
+    name. The path is tried first so that a user's own file is never shadowed by a name."""
+    checks.check_path("config", name_or_path, ConfigError)
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    names = shipped_configs()
+    if str(name_or_path) in names:
+        return SHIPPED_CONFIGS / f"{name_or_path}.toml"
+    raise ConfigError(
+        f"config file not found: {path}",
+        f"name a TOML file, or a shipped config: {', '.join(names)}",
+    )
+
+
+def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(train keys, [sweep] table) of a TOML file or shipped config; unknown keys are errors.
+    The [sweep] table (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read
+    only with `sweep`; the sweep checks it (`octlm.tools.sweep_plan.sweep_table`)."""
+    path = config_path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the file") from None
+    table = data.pop("sweep", {}) if sweep else {}  # checked by octlm.tools.sweep_plan
+    problem = unknown_keys_problem(data, config_keys())
+    if problem is not None:
+        raise ConfigError(f"{path}: {problem[0]}", problem[1])
+    if isinstance(data.get("data"), dict):  # a [data] table of PATH = WEIGHT: a mixture
+        for name, weight in data["data"].items():
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                raise ConfigError(
+                    f"{path}: the weight of {name!r} in [data] is not a number",
+                    'write each dataset as PATH = WEIGHT, e.g. "data/stories" = 0.7',
+                )
+        data["data"] = ",".join(f"{name}:{weight}" for name, weight in data["data"].items())
+    return data, table
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """The train keys of a TOML file (a [sweep] table is an unknown key here)."""
+    return read_toml(path)[0]
+
+
+def to_toml(values: dict[str, Any]) -> str:
+    """A flat TOML document of str/int/float/bool values (None values are left out)."""
+    lines = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        else:
+            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """TOML < overrides (flags); None overrides mean "not given" and are skipped."""
+    values: dict[str, Any] = load_toml(toml_path) if toml_path is not None else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig(**values)  # one line per bad key, type or value
+
+
+def field_docs() -> dict[str, str]:
+    """Each TrainConfig field's docstring (the string under it), for `--help`."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+        if isinstance(node, ast.AnnAssign) and is_doc and isinstance(nxt.value.value, str):
+            docs[node.target.id] = nxt.value.value  # type: ignore[attr-defined]
+    return docs

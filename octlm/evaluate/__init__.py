@@ -1,0 +1,1 @@
+"""Scoring a model: validation loss and bits per byte, task accuracy."""

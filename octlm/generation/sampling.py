@@ -1,0 +1,213 @@
+"""Text generation: greedy by default, or temperature and top-k sampling with an explicit
+generator, so a sample is reproducible from its seed and touches no global RNG."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from octlm.errors import OctlmError
+from octlm.model.gpt import GPT
+from octlm.model.kvcache import KVCache, forward_cached
+from octlm.tokenizer.core import Tokenizer
+
+MAX_NEW_TOKENS = 2**20
+"""More is not a text anyone waits for: past the context, each new token runs the model over
+the whole window again."""
+SEEDS = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+def check_sampling(
+    max_new_tokens: int, temperature: float, top_k: int | None, seed: int = 0
+) -> None:
+    """One-line errors for settings that cannot sample: checked before a model is loaded."""
+    if max_new_tokens < 0:
+        raise OctlmError(
+            f"--max-new-tokens {max_new_tokens} is negative", "use --max-new-tokens 0 or more"
+        )
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise OctlmError(
+            f"--max-new-tokens {max_new_tokens} is more than {MAX_NEW_TOKENS:,}",
+            "generate a long text in several calls, each continuing the last",
+        )
+    if not SEEDS[0] <= seed <= SEEDS[1]:
+        raise OctlmError(f"--seed {seed} is out of range", "use a seed from -2**63 to 2**64 - 1")
+    if not 0 <= temperature < math.inf:
+        raise OctlmError(
+            f"--temperature {temperature} is not a finite number >= 0",
+            "use --temperature 0 (greedy) or more",
+        )
+    if top_k is not None and top_k < 1:
+        raise OctlmError(f"--top-k {top_k} keeps no token", "use --top-k 1 or more")
+
+
+def read_prompts(path: str) -> list[str]:
+    """The prompts of a UTF-8 text file, one a line; blank lines are skipped."""
+    fix = "give a UTF-8 text file with one prompt a line"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OctlmError(f"--prompts {path} cannot be read ({exc})", fix) from None
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise OctlmError(f"--prompts {path} holds no prompt", fix)
+    return prompts
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    stop_id: int | None = None,
+    cache: bool = True,
+) -> list[int]:
+    """Continue `prompt_ids`; temperature 0 is greedy. Returns only the new ids. With `cache`
+    (the default) each new token runs the model over itself only (`octlm/model/kvcache.py`);
+    without, over the whole context again, which gives the same tokens, slower."""
+    if not prompt_ids:
+        raise ValueError("the prompt must hold at least one token")
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    logits_of = Continuation(model, cache)
+    new: list[int] = []
+    # Dropout in train mode would draw from the global RNG and make a sample irreproducible.
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            next_id = choose(logits_of(ids), temperature, top_k, generator)
+            new.append(next_id)
+            if next_id == stop_id:
+                break
+            ids = torch.cat([ids, torch.tensor([[next_id]], device=device)], dim=1)
+    finally:
+        model.train(was_training)
+    return new
+
+
+@torch.no_grad()
+def generate_batch(
+    model: GPT,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    stop_id: int | None = None,
+) -> list[list[int]]:
+    """`generate` of each prompt, in one batch: the prompts left-padded to one length, each row
+    sampling from a generator of its own seeded with `seed`, so a row's tokens are the ones
+    its prompt gets alone. Prompts that would run past the context go one at a time (the
+    sliding window moves each row's positions differently)."""
+    longest = max((len(p) for p in prompts), default=0)
+    if len(prompts) < 2 or longest + max_new_tokens > model.config.context:
+        sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+        return [generate(model, p, max_new_tokens, stop_id=stop_id, **sampling) for p in prompts]
+    if min(len(p) for p in prompts) == 0:
+        raise ValueError("every prompt must hold at least one token")
+    device = next(model.parameters()).device
+    pad = torch.tensor([longest - len(p) for p in prompts], device=device)
+    rows = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
+    generators = [torch.Generator(device=device).manual_seed(seed) for _ in prompts]
+    cache, new = KVCache(model, len(prompts)), [[] for _ in prompts]
+    live = set(range(len(prompts)))
+    was_training = model.training
+    model.eval()
+    try:
+        logits = forward_cached(model, rows, cache, pad=pad)[:, -1, :].float()
+        for step in range(max_new_tokens):
+            if step:
+                last = [row[-1] if row else 0 for row in new]
+                ids = torch.tensor(last, device=device).unsqueeze(1)
+                logits = forward_cached(model, ids, cache, pad=pad)[:, -1, :].float()
+            for b in sorted(live):
+                new[b].append(choose(logits[b : b + 1], temperature, top_k, generators[b]))
+                if new[b][-1] == stop_id:
+                    live.discard(b)
+            if not live:
+                break
+    finally:
+        model.train(was_training)
+    return new
+
+
+def choose(
+    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator
+) -> int:
+    """The next id from one row's float32 logits (1, V): the argmax at temperature 0, else a
+    draw from `generator` after temperature and top-k."""
+    if temperature <= 0:
+        return int(logits.argmax(dim=-1))
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Continuation:
+    """The next token's float32 logits (1, V) for the ids so far, which grow by one or more a
+    call (a chat adds a turn): with a cache, only the ids it does not hold yet run."""
+
+    def __init__(self, model: GPT, cache: bool) -> None:
+        self.model = model
+        self.cache = KVCache(model, 1) if cache else None
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        context = self.model.config.context
+        if self.cache is not None and ids.shape[1] <= context:
+            # The cache's own count of what it holds: a call interrupted (Ctrl-C in a chat)
+            # before the forward finished has not advanced it, and the next call redoes it.
+            logits = forward_cached(self.model, ids[:, self.cache.length :], self.cache)
+            return logits[:, -1, :].float()
+        # Past the context the window slides and every position moves (RoPE restarts at the
+        # window's first token), so the cached keys are stale: the full forward, as uncached.
+        return self.model(ids[:, -context:])[:, -1, :].float()
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> str:
+    """`prompt` and its continuation: BOS (EOS if none) + the prompt's ids, continued until EOS or
+    `max_new_tokens`, decoded."""
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    return generate_texts(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, **sampling)[0]
+
+
+def generate_texts(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """`generate_text` of each prompt, decoded in one batch (`generate_batch`): each text is
+    the one its prompt gets alone."""
+    check_sampling(max_new_tokens, temperature, top_k)
+    # With no BOS, EOS is what precedes every document but the first in the training stream.
+    start = tokenizer.start_ids or [tokenizer.eos_id]
+    ids = [[*start, *tokenizer.encode(p, add_special_tokens=False)] for p in prompts]
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    new = generate_batch(model, ids, max_new_tokens, stop_id=tokenizer.eos_id, **sampling)
+    return [p + tokenizer.decode(n) for p, n in zip(prompts, new, strict=True)]

@@ -1,0 +1,94 @@
+"""Tests for octlm.evaluate.tasks: the three task layouts and FILE:N, one-line errors for bad
+files, and scores equal to a brute-force forward per choice (acc, and acc_norm over the choice's
+characters as lm-eval divides), leaving the model's mode and the generators as they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from octlm.errors import OctlmError
+from octlm.evaluate.tasks import Question, Task, encode_pair, read_task, read_tasks, score_task
+from octlm.model.gpt import GPT
+from tests.unit_model import unit_config
+
+
+def write(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_the_three_layouts_and_a_first_n_subset(tmp_path) -> None:
+    ours = {"context": "A cat", "choices": [" sat", " flew"], "gold": 0, "delimiter": ""}
+    hella = {"ctx": "He opens", "endings": ["the door", "a sky"], "label": "1"}
+    arc = {"question": "2+2?", "choices": {"text": ["3", "4"], "label": ["A", "B"]},
+           "answerKey": "B"}  # fmt: skip
+    task = read_task(str(write(tmp_path / "mix.jsonl", [ours, hella, arc, ours])))
+    assert task.name == "mix" and len(task.questions) == 4
+    assert task.questions[0] == Question("A cat", (" sat", " flew"), 0, "")
+    assert task.questions[1] == Question("He opens", ("the door", "a sky"), 1)
+    assert task.questions[2] == Question("Question: 2+2?\nAnswer:", ("3", "4"), 1)
+    assert len(read_task(f"{tmp_path / 'mix.jsonl'}:2").questions) == 2
+
+
+@pytest.mark.parametrize(
+    "lines, problem",
+    [
+        (['{"context": "a", "choices": ["b"], "gold": 3}'], "gold 3 is not one of the choices"),
+        (["{broken"], "is not a task question"),
+        (['{"text": "x"}'], "has none of the task layouts"),
+        ([""], "holds no question"),
+    ],
+)
+def test_bad_task_files_are_one_line_errors(tmp_path, lines, problem) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(OctlmError, match=problem):
+        read_task(str(path))
+    with pytest.raises(OctlmError, match="does not exist"):
+        read_task(str(tmp_path / "missing.jsonl:5"))
+    twice = f"{path},{path}"
+    with pytest.raises(OctlmError):
+        read_tasks(twice)
+
+
+def test_scores_equal_one_forward_per_choice(tiny_tokenizer) -> None:
+    torch.manual_seed(0)
+    assert tiny_tokenizer.vocab_size == 512  # the unit shape's vocabulary
+    model = GPT(unit_config(64)).train()
+    words = ["the king", "a horse", "my lord", "good night", "sweet love", "the sea"]
+    questions = tuple(
+        Question(f"{words[i]} and", tuple(f"{w}{'!' * (i % 3)}" for w in words[:4]), i % 4)
+        for i in range(6)
+    )
+    task = Task("unit", questions)
+    state = torch.get_rng_state()
+    score = score_task(model, task, tiny_tokenizer, 64, torch.device("cpu"))
+    assert model.training and torch.equal(state, torch.get_rng_state())
+    right = right_norm = 0
+    model.eval()
+    with torch.no_grad():
+        for q in questions:
+            lls = []
+            for choice in q.choices:
+                head, tail = encode_pair(tiny_tokenizer, q.context, q.delimiter + choice)
+                ids = torch.tensor([head + tail])
+                logp = torch.log_softmax(model(ids[:, :-1]).float(), -1)[0]
+                picked = logp[len(head) - 1 :].gather(1, ids[0, len(head) :, None])
+                lls.append(float(picked.sum()))
+            norm = [ll / len(c) for ll, c in zip(lls, q.choices, strict=True)]
+            right += max(range(4), key=lls.__getitem__) == q.gold
+            right_norm += max(range(4), key=norm.__getitem__) == q.gold
+    assert score.questions == 6
+    assert (score.acc, score.acc_norm) == (right / 6, right_norm / 6)
+
+
+def test_the_shipped_task_is_read_by_name() -> None:
+    task = read_task("next_line:30")
+    assert task.name == "next_line" and len(task.questions) == 30
+    assert all(len(q.choices) == 4 and q.delimiter == "\n" for q in task.questions)
+    with pytest.raises(OctlmError, match="or a task octlm ships: next_line"):
+        read_task("no_such_task")
