@@ -6,7 +6,6 @@ Python values in and out instead of flags and printed lines; errors stay `OctlmE
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,13 +67,13 @@ def train(config: TrainConfig | str | Path, **overrides: Any) -> RunResult:
             "pass octlm.TrainConfig(...), a path such as 'run.toml', or a name such as 'tiny'",
         )
     if isinstance(config, TrainConfig):
-        cfg = dataclasses.replace(config, **overrides)
+        cfg = config.replace(**overrides)
     else:
         cfg = make_config(config, **overrides)
     done = train_run(cfg)
-    vals = [r for r in read_log(cfg.out) if r.get("type") == "val"]
+    vals = [r for r in read_log(cfg.run.out) if r.get("type") == "val"]
     return RunResult(
-        out=Path(cfg.out),
+        out=Path(cfg.run.out),
         step=done.step,
         weights_sha256=done.weights_sha256,
         stopped_early=done.stopped_early,

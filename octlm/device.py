@@ -23,7 +23,7 @@ import torch
 
 from octlm import numerics
 from octlm.config.diff import changed_keys
-from octlm.config.train import DTYPES
+from octlm.config.run import DTYPES
 from octlm.errors import OctlmError
 from octlm.fsutil import cache_dir
 

@@ -331,3 +331,25 @@ def test_the_floor_check_catches_a_wrong_floor_and_a_missing_import() -> None:
     assert rows == ["| 2 | `c` | `a`, `b` |", "| 1 | `b` | `a` |", "| 0 | `a` | nothing of octlm |"]
     doc = "| 2 | `c` | `b` |\n| 1 | `b` | `a` |\n| 0 | `a` | nothing of octlm |\n| x | y |"
     assert doc_floor_rows(doc) != rows  # c's import of a is missing from the doc
+
+
+def flat_config_reads(text: str, keys: list[str]) -> list[str]:
+    """`cfg.<key>` reads of a flat TrainConfig key in a module's source (a section's read is
+    `cfg.<section>.<key>`)."""
+    pattern = r"\bcfg\.(" + "|".join(sorted(keys, key=len, reverse=True)) + r")\b"
+    return [m.group(0) for m in re.finditer(pattern, text)]
+
+
+def test_the_package_reads_settings_by_section() -> None:
+    """Inside octlm, a module that handles a TrainConfig reads its sections (`cfg.optim.lr`...
+    `cfg.lr_schedule.lr`), so a setting's readers are found by its section; the flat read
+    (`cfg.lr`) is the Python API's, for users' code."""
+    from octlm.config.train import config_keys
+
+    bad = {
+        name: reads
+        for name, text in sources().items()
+        if "TrainConfig" in text and (reads := flat_config_reads(text, config_keys()))
+    }
+    assert bad == {}
+    assert flat_config_reads("cfg.lr + cfg.lr_schedule.lr", config_keys()) == ["cfg.lr"]

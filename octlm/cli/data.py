@@ -1,5 +1,5 @@
-"""`octlm tokenizer train` and `octlm prepare`: the data commands of the CLI (`cli/main.py` adds them
-and catches their errors)."""
+"""`octlm tokenizer train` and `octlm prepare`: the data commands of the CLI (`cli/main.py`
+adds them and catches their errors)."""
 
 from __future__ import annotations
 

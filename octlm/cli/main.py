@@ -17,8 +17,9 @@ from typing import Any
 from octlm import __version__
 from octlm.cli.data import add_data_commands
 from octlm.cli.model import add_model_commands, run_parser
-from octlm.config.files import field_docs, load_toml, make_config, to_toml
-from octlm.config.train import DTYPES, TrainConfig, config_keys
+from octlm.config.files import field_docs, load_toml, make_config, sectioned_toml
+from octlm.config.run import DTYPES
+from octlm.config.train import SECTIONS, TrainConfig, config_keys
 from octlm.errors import OctlmError, RankError
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
@@ -40,19 +41,25 @@ SHARED_ERROR_GRACE_S = 3.0
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field; defaults stay None so the TOML value wins unless given.
-    TrainConfig checks the values (one line each); only dtype names are argparse choices."""
+    """One flag per TrainConfig key, grouped by its section in `--help`; defaults stay None so
+    the TOML value wins unless given. TrainConfig checks the values (one line each); only dtype
+    names are argparse choices."""
     docs = field_docs()
     parser.add_argument("--config", help="TOML file with the same keys as these flags")
-    for f in fields(TrainConfig):
-        flag, kind = "--" + f.name.replace("_", "-"), str(f.type).replace(" | None", "")
-        default = f" (default: {f.default})" if f.default is not None else ""
-        kw: dict[str, Any] = {"default": None, "help": docs.get(f.name, "") + default}
-        if kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        else:
-            choices = DTYPES if f.name == "dtype" else None
-            parser.add_argument(flag, type=_FLAG_TYPES[kind], choices=choices, **kw)
+    for name, section in SECTIONS.items():
+        about = (section.__doc__ or "").split("\n\n")[0].replace("\n    ", " ")
+        group = parser.add_argument_group(f"{name} settings", about)
+        for f in fields(section):
+            if not f.init:  # derived from the keys (a --data mixture's parts), not a flag
+                continue
+            flag, kind = "--" + f.name.replace("_", "-"), str(f.type).replace(" | None", "")
+            default = f" (default: {f.default})" if f.default is not None else ""
+            kw: dict[str, Any] = {"default": None, "help": docs.get(f.name, "") + default}
+            if kind == "bool":
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            else:
+                choices = DTYPES if f.name == "dtype" else None
+                group.add_argument(flag, type=_FLAG_TYPES[kind], choices=choices, **kw)
 
 
 def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -69,7 +76,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from octlm.trainer.loop import train
 
     if args.print_config:  # checked and resolved, nothing built: --out is not touched
-        print(to_toml(_config_from_args(args).resolved().to_dict()), end="")
+        print(sectioned_toml(_config_from_args(args).resolved()), end="")
         return 0
     cfg = _config_from_args(args)
     spec = Launch(
@@ -82,7 +89,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         requeue_exit_code=args.requeue_exit_code,
     )
     if spec.needed and not launched_by_torchrun():
-        return launch(spec, sys.argv[1:], Path(cfg.out), args.requeue_exit_code)
+        return launch(spec, sys.argv[1:], Path(cfg.run.out), args.requeue_exit_code)
     if restart_resumes():  # the elastic agent restarted the group after a failure
         cfg = cfg.replace(resume=True)
     check_preset(cfg, args.model)  # a --model flag must have the source's shape

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config import checks
-from octlm.config.train import DTYPES
+from octlm.config.run import DTYPES
 from octlm.data.shards import SPLITS
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config import checks
-from octlm.config.rules import unknown_keys_problem
-from octlm.config.train import ConfigError, TrainConfig, config_keys
+from octlm.config.rules import section_docs, unknown_keys_problem
+from octlm.config.train import SECTIONS, ConfigError, TrainConfig, config_keys
 
 # Package data (pyproject.toml): the same files in a checkout and in an installed wheel.
 SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -93,15 +93,16 @@ def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainC
 
 
 def field_docs() -> dict[str, str]:
-    """Each TrainConfig field's docstring (the string under it), for `--help`."""
-    import ast
-    import inspect
+    """Each TrainConfig key's docstring (the string under its field), for `--help`."""
+    docs = {key: doc for cls in SECTIONS.values() for key, doc in section_docs(cls).items()}
+    return {key: docs[key] for key in config_keys() if key in docs}  # not a derived field's
 
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:], strict=False):
-        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-        if isinstance(node, ast.AnnAssign) and is_doc and isinstance(nxt.value.value, str):
-            docs[node.target.id] = nxt.value.value  # type: ignore[attr-defined]
-    return docs
+
+def sectioned_toml(cfg: TrainConfig) -> str:
+    """`cfg` as a flat TOML document (what `--config` reads back to the same config), its keys
+    grouped under a comment per section, keys that do not apply to this run left out (they
+    hold their defaults: `train.applicable`)."""
+    blocks = []
+    for name, keys in cfg.by_section().items():
+        blocks.append(f"# {name}\n" + to_toml(keys))
+    return "\n".join(blocks)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from octlm.config import checks
+from octlm.config.rules import check_section, declared_rules, new_trajectory, require, trajectory
 
 SHAPE_KEYS = (
     "n_layers",
@@ -266,3 +267,55 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     if unknown:
         raise ValueError(f"unknown ModelConfig overrides {unknown}; valid: {sorted(known)}")
     return dataclasses.replace(PRESETS[name], **overrides)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShapeSettings:
+    """The network a run trains: a preset and the shape keys that override it (each None: the
+    preset's value), and dropout. Checked once resolved against the preset (`shape_problem`)."""
+
+    model: str = trajectory("small")
+    """Model preset: micro, tiny, small or main; the base the shape settings below override."""
+    # The shape: None is the preset's value. Each joins the trajectory only where it differs
+    # from the preset's, so runs written before these keys, and a key set to the preset's own
+    # value, keep the fingerprint of the plain preset.
+    n_layers: int | None = new_trajectory(None)
+    """Transformer blocks (default: the preset's)."""
+    d_model: int | None = new_trajectory(None)
+    """Width of the residual stream (default: the preset's)."""
+    n_heads: int | None = new_trajectory(None)
+    """Query heads; must divide d_model into an even head size (default: the preset's)."""
+    n_kv_heads: int | None = new_trajectory(None)
+    """Key/value heads (grouped-query attention); must divide n_heads (default: the preset's)."""
+    d_ff: int | None = new_trajectory(None)
+    """Hidden width of the SwiGLU feed-forward (default: the preset's)."""
+    rope_base: float | None = new_trajectory(None)
+    """RoPE frequency base, theta (default: the preset's)."""
+    norm_eps: float | None = new_trajectory(None)
+    """Epsilon inside RMSNorm (default: the preset's)."""
+    init_std: float | None = new_trajectory(None)
+    """Std of the normal init, residual projections scaled by 1/sqrt(2 n_layers) (default: the
+    preset's)."""
+    qk_norm: bool | None = new_trajectory(None)
+    """RMSNorm with a learned gain on each head's queries and keys, before RoPE (default: off)."""
+    logit_softcap: float | None = new_trajectory(None)
+    """Cap the logits smoothly to (-C, C): C * tanh(logits / C); 0 is off (default: off)."""
+    value_residual: bool | None = new_trajectory(None)
+    """Every block after the first attends with the mean of its own values and the first
+    block's: ResFormer's value residual, as in modded-nanogpt (default: off)."""
+    zero_init_residual: bool | None = new_trajectory(None)
+    """Start the blocks' output projections (wo, w2) at zero instead of the scaled normal, so
+    each block begins as the identity (default: off)."""
+    dropout: float = trajectory(0.0, checks.Number(0, 1, hi_open=True))
+    """Model dropout (attention and residual)."""
+
+    def __post_init__(self) -> None:
+        check_section(self, skip=SHAPE_KEYS)
+        require(self.model in PRESETS, f"model {self.model!r} is unknown", f"use {sorted(PRESETS)}")
+
+    def resolved(self) -> dict[str, Any]:
+        """The shape keys as the model will be built: the preset's values under the ones set."""
+        return resolve_shape(PRESETS[self.model].to_dict(), dataclasses.asdict(self))
+
+
+RULES = declared_rules(ShapeSettings, skip=SHAPE_KEYS)

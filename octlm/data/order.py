@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from octlm.config.train import ORDERS
+from octlm.config.inputs import ORDERS
 from octlm.data.epoch import sample_blocks
 from octlm.data.windows import Batch, Windows
 

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from octlm.config.files import to_toml
-from octlm.config.rules import parse_mixture
 from octlm.config.train import TrainConfig
 
 # Given by each launch (`train`'s arguments and flags), never written into the shared TOML.
@@ -24,7 +23,7 @@ def write_config(cfg: TrainConfig, path: Path) -> Path:
     from octlm.trainer.inputs import resolve_data  # prepares the embedded corpus on first use
 
     values = {k: v for k, v in cfg.to_dict().items() if k not in PER_LAUNCH_KEYS}
-    mixture = parse_mixture(cfg.data) if cfg.data else None
+    mixture = cfg.inputs.mixture
     if mixture is None:
         values["data"] = str(resolve_data(cfg).resolve())
     else:  # each dataset's path made absolute, its weight as written

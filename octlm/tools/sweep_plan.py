@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from octlm.config import checks
 from octlm.config.files import make_config, read_toml
-from octlm.config.train import NON_TRAJECTORY_KEYS, ConfigError, TrainConfig
+from octlm.config.train import FIELDS, NON_TRAJECTORY_KEYS, ConfigError, TrainConfig
 from octlm.errors import OctlmError
 
-_TYPES = {f.name: str(f.type).replace(" | None", "") for f in fields(TrainConfig)}
+_TYPES = {k: str(f.type).replace(" | None", "") for k, f in FIELDS.items()}
 _KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 SWEEP_KEYS = ("grid", "sets", "repeats")
 MAX_RUNS = 10_000
@@ -119,12 +119,12 @@ def plan(
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
     settings = [{**s, **c} for s in (sets or [{}]) for c in combos]
     specs: dict[str, RunSpec] = {}
-    last_seed = base.seed + repeats - 1  # repeat r trains with seed + r
+    last_seed = base.inputs.seed + repeats - 1  # repeat r trains with seed + r
     for setting in settings:
         # Each setting is validated up front, at the largest seed a repeat of it gets.
         make_config(None, **{**base.to_dict(), **setting, "seed": last_seed})
         for r in range(repeats):
-            spec = RunSpec(tuple(setting.items()), r, base.seed + r)
+            spec = RunSpec(tuple(setting.items()), r, base.inputs.seed + r)
             if spec.name in specs:
                 raise OctlmError(
                     f"two runs of the sweep are both {spec.name} (one folder for two runs)",

@@ -57,14 +57,15 @@ def with_digests(cfg: TrainConfig, tensors_given: bool, every_given: bool) -> Tr
     hash_tensors (on or off), and an own --hash-every kept."""
     if tensors_given:
         return cfg
-    return cfg.replace(hash_tensors=True, hash_every=cfg.hash_every if every_given else 1)
+    return cfg.replace(hash_tensors=True, hash_every=cfg.observe.hash_every if every_given else 1)
 
 
 def _check_splits(cfg: TrainConfig, splits: list[int]) -> None:
-    bad = [k for k in splits if not 0 < k < cfg.steps]
+    bad = [k for k in splits if not 0 < k < cfg.lr_schedule.steps]
     if bad or not splits:
         raise OctlmError(
-            f"split(s) {bad or splits} must lie strictly between 0 and steps={cfg.steps}",
+            f"split(s) {bad or splits} must lie strictly between 0 and "
+            f"steps={cfg.lr_schedule.steps}",
             "pass --split K with 0 < K < --steps",
         )
 
@@ -103,7 +104,7 @@ def verify_resume(
     root = Path(tempfile.mkdtemp(prefix="octlm-verify-", dir=workdir))
     try:
         config = subrun.write_config(cfg, root / "config.toml")
-        echo(f"straight run of {cfg.steps} steps ...")
+        echo(f"straight run of {cfg.lr_schedule.steps} steps ...")
         _train(config, root / "straight")
         ref_w, ref_o, ref_records = _summarise(root / "straight")
         summaries = [RunSummary("straight", None, ref_w, ref_o, 0, "reference", True)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from octlm.config.train import TrainConfig
+from octlm.config.train import default_values
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, atomic_write_bytes
 from octlm.hashing import checksum_algo, checksum_matches
@@ -134,7 +134,7 @@ class CheckpointInfo:
         saved = self.meta.get("config")
         if not isinstance(saved, dict):
             return None
-        return {**{f.name: f.default for f in fields(TrainConfig)}, **saved}
+        return {**default_values(), **saved}
 
     @property
     def trajectory(self) -> dict[str, Any]:

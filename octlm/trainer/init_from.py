@@ -225,7 +225,7 @@ class InitPlan:
 def _resumed_shape(cfg: TrainConfig) -> dict[str, Any] | None:
     """The shape of the checkpoint --resume will load (it wins over the source): the same
     file `build_run` picks, by the same rule."""
-    found = load_newest_valid(Path(cfg.out)) if cfg.resume else None
+    found = load_newest_valid(Path(cfg.run.out)) if cfg.run.resume else None
     return found.info.model_config if found is not None else None
 
 
@@ -235,13 +235,13 @@ def plan_init(
     """What --init-from gives the run (None without it). A resume takes the shape and the
     source's record from the checkpoint it loads (`resumed`), so a source moved or changed
     since cannot change a resumed run, and the run resumes bit-exactly."""
-    if cfg.init_from is None:
+    if cfg.run.init_from is None:
         return None
     if resumed is not None and resumed.model_config is not None:
-        note = f"--resume found a checkpoint: it wins, --init-from {cfg.init_from} is not read"
+        note = f"--resume found a checkpoint: it wins, --init-from {cfg.run.init_from} is not read"
         model_config = model_config_for(resumed.model_config, cfg, tokenizer)
         return InitPlan(model_config, None, resumed.init_from, [note])
-    source = read_source(cfg.init_from)
+    source = read_source(cfg.run.init_from)
     check_shape_keys(cfg, source.shape)
     model_config = model_config_for(source.shape, cfg, tokenizer)  # the vocabulary first
     check_tokenizer(source.record, tokenizer)
@@ -251,11 +251,11 @@ def plan_init(
 def check_shape_keys(cfg: TrainConfig, shape: dict[str, Any]) -> None:
     """Shape keys a config sets (`--d-model`, ...) must agree with the source's: the source
     decides the shape. Keys equal to it pass, so a `--print-config` file of the run is fine."""
-    given = {k: getattr(cfg, k) for k in SHAPE_KEYS if getattr(cfg, k) is not None}
+    given = {k: getattr(cfg.shape, k) for k in SHAPE_KEYS if getattr(cfg.shape, k) is not None}
     wrong = [f"{k} {v} vs the source's {shape[k]}" for k, v in given.items() if v != shape[k]]
     if wrong:
         raise InitFromError(
-            f"--init-from {cfg.init_from} has another shape: {', '.join(wrong)}",
+            f"--init-from {cfg.run.init_from} has another shape: {', '.join(wrong)}",
             "drop those keys: the source decides the model's shape",
         )
 
@@ -266,15 +266,16 @@ def check_preset(cfg: TrainConfig, model_flag: str | None) -> None:
     the source: a config (a shipped one, or the file a tool writes for its runs) sets a preset
     along with everything else, and its other settings are what the user wants; only a flag
     typed for this run is a statement about this run's shape."""
-    if cfg.init_from is None or model_flag is None:
+    if cfg.run.init_from is None or model_flag is None:
         return
     resumed = _resumed_shape(cfg)
-    shape = resumed if resumed is not None else read_source(cfg.init_from).shape
-    preset = PRESETS[cfg.model].to_dict()
+    shape = resumed if resumed is not None else read_source(cfg.run.init_from).shape
+    preset = PRESETS[cfg.shape.model].to_dict()
     wrong = [f"{k} {shape.get(k)} vs {preset[k]}" for k in SHAPE_FIELDS if shape[k] != preset[k]]
     if wrong:
         raise InitFromError(
-            f"--model {cfg.model} contradicts --init-from {cfg.init_from}: {', '.join(wrong)}",
+            f"--model {cfg.shape.model} contradicts --init-from {cfg.run.init_from}: "
+            f"{', '.join(wrong)}",
             "the source decides the model's shape: drop --model",
         )
 
@@ -284,20 +285,23 @@ def model_config_for(shape: dict[str, Any], cfg: TrainConfig, tokenizer: Tokeniz
     data's vocabulary is not the source's or the context is longer than the source's."""
     if shape["vocab_size"] != tokenizer.vocab_size:
         raise InitFromError(
-            f"--init-from {cfg.init_from} has a vocabulary of {shape['vocab_size']} tokens, the "
-            f"data's tokenizer {tokenizer.vocab_size}",
+            f"--init-from {cfg.run.init_from} has a vocabulary of {shape['vocab_size']} tokens, "
+            f"the data's tokenizer {tokenizer.vocab_size}",
             "pass --data prepared with the source's tokenizer (on the embedded corpus: the "
             "source's --model)",
         )
-    if cfg.context > shape["context"]:
+    if cfg.inputs.context > shape["context"]:
         raise InitFromError(
-            f"context {cfg.context} exceeds --init-from {cfg.init_from}'s {shape['context']}",
+            f"context {cfg.inputs.context} exceeds --init-from {cfg.run.init_from}'s "
+            f"{shape['context']}",
             f"use --context {shape['context']} or less",
         )
     try:
-        return ModelConfig.from_dict({**shape, "context": cfg.context, "dropout": cfg.dropout})
+        return ModelConfig.from_dict(
+            {**shape, "context": cfg.inputs.context, "dropout": cfg.shape.dropout}
+        )
     except ValueError as exc:
-        raise InitFromError(f"--init-from {cfg.init_from}: {exc}") from None
+        raise InitFromError(f"--init-from {cfg.run.init_from}: {exc}") from None
 
 
 def check_tokenizer(record: dict[str, Any], tokenizer: Tokenizer) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from octlm.config.rules import parse_mixture
 from octlm.config.shape import preset
 from octlm.config.train import TrainConfig
 from octlm.data.blocks import TokenBlocks, make_blocks
@@ -32,10 +31,10 @@ from octlm.trainer.distributed import DistInfo
 def resolve_data(cfg: TrainConfig) -> Path:
     """The run's dataset folder: --data (a mixture's first dataset), else the embedded corpus
     at the preset's vocabulary (prepared on first use)."""
-    if cfg.data is not None:
-        mixture = parse_mixture(cfg.data)
-        return Path(cfg.data if mixture is None else mixture[0][0])
-    return embedded_dataset(preset(cfg.model).vocab_size)
+    first = cfg.inputs.first_dataset
+    if first is not None:
+        return Path(first)
+    return embedded_dataset(preset(cfg.shape.model).vocab_size)
 
 
 def open_data(cfg: TrainConfig) -> tuple[Path, ShardDataset, Tokenizer]:
@@ -83,7 +82,7 @@ def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split
     examples (prompt/completion data), the --blocks blocks (train), else windows of the split's
     token stream. The training windows' `fingerprint` is the run's data fingerprint."""
     if dataset.masked:
-        if cfg.packing != "stream":
+        if cfg.inputs.packing != "stream":
             raise OctlmError(
                 f"{dataset.root} holds prompt/completion examples, which are packed already",
                 "drop --packing and --doc-mask",
@@ -92,20 +91,22 @@ def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split
     # Validation reads the same windows whatever the packing, so that runs with and without
     # it are scored on the same tokens.
     if split == "val":  # scored in order, disjoint targets: window j starts at token j * T
-        return StreamWindows(dataset.val, cfg.context, cfg.context, dataset.fingerprint)
-    if cfg.blocks:
+        return StreamWindows(
+            dataset.val, cfg.inputs.context, cfg.inputs.context, dataset.fingerprint
+        )
+    if cfg.inputs.blocks:
         return train_blocks(cfg, tokenizer)
-    if cfg.packing == "bos":
+    if cfg.inputs.packing == "bos":
         return bos_rows(cfg, dataset, tokenizer)
     # Which windows exist is part of the data order (docs/training-order.md): "random" draws
     # a window at any offset, "epoch" each aligned block of T + 1 tokens once per epoch, and
     # --overfit-blocks memorises the first N such blocks.
-    aligned = cfg.order == "epoch" or bool(cfg.overfit_blocks)
-    stride = cfg.context + 1 if aligned else 1
-    found = StreamWindows(dataset.train, cfg.context, stride, dataset.fingerprint)
-    if len(found) < max(1, cfg.overfit_blocks):
+    aligned = cfg.inputs.order == "epoch" or bool(cfg.inputs.overfit_blocks)
+    stride = cfg.inputs.context + 1 if aligned else 1
+    found = StreamWindows(dataset.train, cfg.inputs.context, stride, dataset.fingerprint)
+    if len(found) < max(1, cfg.inputs.overfit_blocks):
         raise OctlmError(
-            f"stream of {len(dataset.train)} tokens is too short for context {cfg.context}",
+            f"stream of {len(dataset.train)} tokens is too short for context {cfg.inputs.context}",
             "use more data or a shorter --context",
         )
     return found
@@ -114,11 +115,15 @@ def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split
 def bos_rows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer) -> BosRows:
     """The training stream's BOS-aligned rows (--packing bos)."""
     rows = BosRows(
-        dataset.train, cfg.context, tokenizer.eos_id, dataset.fingerprint, doc_mask=cfg.doc_mask
+        dataset.train,
+        cfg.inputs.context,
+        tokenizer.eos_id,
+        dataset.fingerprint,
+        doc_mask=cfg.inputs.doc_mask,
     )
-    if len(rows) < max(1, cfg.overfit_blocks):
+    if len(rows) < max(1, cfg.inputs.overfit_blocks):
         raise OctlmError(
-            f"stream of {len(dataset.train)} tokens is too short for context {cfg.context}",
+            f"stream of {len(dataset.train)} tokens is too short for context {cfg.inputs.context}",
             "use more data or a shorter --context",
         )
     return rows
@@ -126,9 +131,11 @@ def bos_rows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer) -> B
 
 def train_blocks(cfg: TrainConfig, tokenizer: Tokenizer) -> TokenBlocks:
     """The first seed's in-memory path (--blocks): PAD-masked blocks of one text."""
-    assert cfg.blocks is not None
-    blocks = make_blocks([d.text for d in read_documents([cfg.blocks])], tokenizer, cfg.context)
-    return blocks.first(cfg.overfit_blocks) if cfg.overfit_blocks else blocks
+    assert cfg.inputs.blocks is not None
+    blocks = make_blocks(
+        [d.text for d in read_documents([cfg.inputs.blocks])], tokenizer, cfg.inputs.context
+    )
+    return blocks.first(cfg.inputs.overfit_blocks) if cfg.inputs.overfit_blocks else blocks
 
 
 def packed_split(cfg: TrainConfig, dataset: ShardDataset, split: str) -> PackedWindows:
@@ -139,14 +146,14 @@ def packed_split(cfg: TrainConfig, dataset: ShardDataset, split: str) -> PackedW
             f"{dataset.root} has loss-mask version {version}; this octlm reads {LOSS_MASK_VERSION}",
             "re-run `octlm prepare --format prompt-completion` with this octlm",
         )
-    if cfg.blocks:
+    if cfg.inputs.blocks:
         raise OctlmError(
             "--blocks reads a text file, not the prompt/completion --data", "drop one of the two"
         )
-    packed = PackedWindows.of_split(dataset, split, cfg.context)
+    packed = PackedWindows.of_split(dataset, split, cfg.inputs.context)
     if not len(packed):
         raise OctlmError(
-            f"no {split} example of {dataset.root} fits in --context {cfg.context}",
+            f"no {split} example of {dataset.root} fits in --context {cfg.inputs.context}",
             "raise --context, or prepare shorter examples",
         )
     return packed
@@ -169,7 +176,7 @@ class Mixture:
 def open_mixture(cfg: TrainConfig, tokenizer: Tokenizer) -> Mixture | None:
     """The datasets of `--data A:0.7,B:0.3` (None for one dataset), each checked to share the
     first one's tokenizer (`tokenizer`) and to hold plain text."""
-    spec = parse_mixture(cfg.data) if cfg.data else None
+    spec = cfg.inputs.mixture
     if spec is None:
         return None
     datasets = [ShardDataset.open(Path(path)) for path, _ in spec]
@@ -209,8 +216,8 @@ def mixture_validation(
     return {
         name: ValidationSet(
             (val := windows(cfg, dataset, tokenizer, "val")),
-            first_windows(val, cfg.val_batches * cfg.micro_batch),
-            cfg.micro_batch,
+            first_windows(val, cfg.evaluation.val_batches * cfg.inputs.micro_batch),
+            cfg.inputs.micro_batch,
             tokenizer.token_bytes_table,
         )
         for name, dataset in zip(mixture.names, mixture.datasets, strict=True)
@@ -244,19 +251,21 @@ def packing_line(train: dict[str, Any], context: int) -> str:
 def order_settings(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
     """The data order's settings, the same for one dataset's sampler and a mixture's."""
     return {
-        "seed": cfg.seed,
-        "micro_batch": cfg.micro_batch,
-        "accum": cfg.accum,
+        "seed": cfg.inputs.seed,
+        "micro_batch": cfg.inputs.micro_batch,
+        "accum": cfg.inputs.accum,
         "rank": dist.rank,
         "world": dist.world,
-        "order": cfg.order,
+        "order": cfg.inputs.order,
     }
 
 
 def build_sampler(cfg: TrainConfig, train: Windows, dist: DistInfo) -> Sampler:
     try:
         settings = order_settings(cfg, dist)
-        return Sampler(train, context=cfg.context, overfit_blocks=cfg.overfit_blocks, **settings)
+        return Sampler(
+            train, context=cfg.inputs.context, overfit_blocks=cfg.inputs.overfit_blocks, **settings
+        )
     except ValueError as exc:
         raise OctlmError(str(exc), "use more data or a shorter --context") from None
 
@@ -266,10 +275,10 @@ def validation_set(
 ) -> ValidationSet:
     """The validation split's first windows; an overfit run validates on the windows it
     memorises, and --blocks on the blocks themselves."""
-    if cfg.overfit_blocks or cfg.blocks:
-        scored, n = train, cfg.overfit_blocks or len(train)
+    if cfg.inputs.overfit_blocks or cfg.inputs.blocks:
+        scored, n = train, cfg.inputs.overfit_blocks or len(train)
     else:
-        scored, n = val, cfg.val_batches * cfg.micro_batch
+        scored, n = val, cfg.evaluation.val_batches * cfg.inputs.micro_batch
     return ValidationSet(
-        scored, first_windows(scored, n), cfg.micro_batch, tokenizer.token_bytes_table
+        scored, first_windows(scored, n), cfg.inputs.micro_batch, tokenizer.token_bytes_table
     )

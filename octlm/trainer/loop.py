@@ -51,7 +51,7 @@ class TrainResult:
 def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> TrainResult:
     """Train `cfg` in this process. `hard_exit`: a second Ctrl-C exits the process at once (the
     `octlm` command); left False, it raises KeyboardInterrupt (a notebook's kernel survives)."""
-    out = Path(cfg.out)
+    out = Path(cfg.run.out)
     if out.exists() and not out.is_dir():
         raise OctlmError(f"--out {out} is a file", "name a folder for the run (new or its own)")
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 owns the folder
@@ -71,17 +71,19 @@ def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False
 
 
 def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: bool) -> TrainResult:
-    check_memory_snapshot(cfg.memory_snapshot, cfg.device)  # before anything is built
+    check_memory_snapshot(
+        cfg.observe.memory_snapshot, cfg.hardware.device
+    )  # before anything is built
     if (out / ckpt.MERGE_RECORD).exists():
         raise OctlmError(
             f"{out} holds merged weights (octlm merge), not a run to train",
             f"train into another --out, with --init-from {out} to start from them",
         )
-    if not cfg.resume and has_run(out):
+    if not cfg.run.resume and has_run(out):
         raise OctlmError(
             f"{out} already holds a run", "pass --resume to continue it, or choose another --out"
         )
-    trackers = parse_trackers(cfg.log_to)
+    trackers = parse_trackers(cfg.observe.log_to)
     check_installed(trackers)  # a missing library is a one-line error before anything is built
     if log_enabled:
         ckpt.remove_stale_temps(out)
@@ -96,7 +98,7 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: boo
         failed = False
     except BaseException as exc:
         _finish_saves_quietly(run)
-        lost = peer_failure(exc, run.dist, run.state.step, cfg.dist_timeout)
+        lost = peer_failure(exc, run.dist, run.state.step, cfg.hardware.dist_timeout)
         if lost is None:
             raise
         log.event("peer_failure", run.state.step, rank=run.dist.rank, error=lost.problem)
@@ -109,16 +111,16 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: boo
 
 def _start(run: Run, log: RunLog) -> None:
     """Resume from the newest valid checkpoint (--resume), or start a new log."""
-    resumed = resume(run) if run.cfg.resume else None
+    resumed = resume(run) if run.cfg.run.resume else None
     say = print if log.enabled else (lambda *a, **k: None)
     if run.packing:
-        say(packing_line(run.packing["train"], run.cfg.context), file=sys.stderr)
+        say(packing_line(run.packing["train"], run.cfg.inputs.context), file=sys.stderr)
     if resumed is None:
         if log.enabled:
             log.path.unlink(missing_ok=True)  # a log without a checkpoint holds nothing to keep
         log.open()
         log.header(run.header())
-        if run.cfg.resume:
+        if run.cfg.run.resume:
             say(f"no checkpoint in {run.out} yet: starting fresh", file=sys.stderr)
         return
     path, notes = resumed
@@ -129,7 +131,9 @@ def _start(run: Run, log: RunLog) -> None:
         say(f"octlm: note: {note}", file=sys.stderr)
     build = build_info(run.device)
     log.event("resume", run.state.step, checkpoint=str(path), build=build, notes=notes)
-    if run.cfg.hash_tensors:  # the weights as loaded: a resume that changed one bit shows here
+    if (
+        run.cfg.observe.hash_tensors
+    ):  # the weights as loaded: a resume that changed one bit shows here
         _log_hashes(run, log, whole=False, tensors=True)
     say(f"resumed from {path} at step {run.state.step}", file=sys.stderr)
 
@@ -156,8 +160,8 @@ class Meter:
 
     def __init__(self, run: Run) -> None:
         self.tokens_per_step = run.tokens_per_step
-        self.flops_per_token = run.model.flops_per_token(run.cfg.context)
-        self.peak = peak_flops(run.cfg.peak_tflops, run.device, run.cfg.dtype)
+        self.flops_per_token = run.model.flops_per_token(run.cfg.inputs.context)
+        self.peak = peak_flops(run.cfg.observe.peak_tflops, run.device, run.cfg.hardware.dtype)
         self.before, self.start = run.state.elapsed, time.perf_counter()
         self.device = run.device
         memory_mb(self.device)  # on CUDA: the first step's peak starts here, not at the build
@@ -179,9 +183,9 @@ class Progress:
     """The progress bar (rank 0; on a terminal unless --progress/--no-progress says)."""
 
     def __init__(self, run: Run) -> None:
-        show = run.cfg.progress
+        show = run.cfg.observe.progress
         self.bar = tqdm(
-            total=run.cfg.steps,
+            total=run.cfg.lr_schedule.steps,
             initial=run.state.step,
             desc="train",
             unit="step",
@@ -216,7 +220,7 @@ class Progress:
 def task_scores(run: Run) -> dict[str, TaskScore]:
     """--eval-tasks at a validation: every rank scores every question (under FSDP the sharded
     module must run on all ranks in lockstep; under DDP the plain module, the same numbers)."""
-    fsdp = run.dist.enabled and run.cfg.parallel == "fsdp"
+    fsdp = run.dist.enabled and run.cfg.hardware.parallel == "fsdp"
     model = run.setup.forward if fsdp else run.model
     context = run.model_config.context
     return {t.name: score_task(model, t, run.tokenizer, context, run.device) for t in run.tasks}
@@ -229,12 +233,12 @@ def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResul
     NonFiniteError (counters unchanged)."""
     cfg, state = run.cfg, run.state
     s = state.step
-    lr = learning_rate(s, cfg)
+    lr = learning_rate(s, cfg.lr_schedule)
     t0 = time.perf_counter()
-    batches = [run.sampler.batch(s, m) for m in range(cfg.accum)]
+    batches = [run.sampler.batch(s, m) for m in range(cfg.inputs.accum)]
     # The noise scale needs per-micro-batch gradients, which are per-rank under DDP: it is
     # measured at validations, with accumulation, in one process only.
-    measure = validating and cfg.accum > 1 and not run.dist.enabled
+    measure = validating and cfg.inputs.accum > 1 and not run.dist.enabled
     result = train_step(
         run.setup, run.optimizer, batches, lr=lr, measure_noise=measure, digest_grads=digesting
     )
@@ -245,17 +249,19 @@ def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResul
 
 def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
     cfg, state = run.cfg, run.state
-    end = cfg.stop_at if cfg.stop_at is not None else cfg.steps
+    end = cfg.run.stop_at if cfg.run.stop_at is not None else cfg.lr_schedule.steps
     meter, result, stopping, signum = Meter(run), None, False, 0
-    watch = StepProfile(cfg.profile_window, cfg.memory_snapshot, Path(cfg.out), run.dist.rank)
+    watch = StepProfile(
+        cfg.profile_window, cfg.observe.memory_snapshot, Path(cfg.run.out), run.dist.rank
+    )
     with StopFlag(hard_exit) as stop, Progress(run) as bar, watch:
         while state.step < end and not stopping:
             s = state.step
-            last = s + 1 == cfg.steps
-            validating = last or due(cfg.val_every, s + 1)
+            last = s + 1 == cfg.lr_schedule.steps
+            validating = last or due(cfg.evaluation.val_every, s + 1)
             # The end record hashes the last step's weights; its digests need a `tensors` record.
             hashing = due(cfg.hash_interval, s + 1) and not last
-            digesting = cfg.hash_tensors and (hashing or last)
+            digesting = cfg.observe.hash_tensors and (hashing or last)
             watch.before(s + 1)
             try:  # lr, micro-batches, update, counters
                 result = advance(run, validating=validating, digesting=digesting)
@@ -277,7 +283,7 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
             # all of them name the same signal (the largest number, if several came).
             signum = agree_max(stop.signum, run.dist, run.device)
             stopping = signum > 0
-            if last or stopping or state.step == end or due(cfg.ckpt_every, state.step):
+            if last or stopping or state.step == end or due(cfg.run.ckpt_every, state.step):
                 run.save()
     run.saver.wait()  # the last checkpoint is on disk before the run says so
     last_loss = result.loss if result is not None else None
@@ -303,12 +309,12 @@ def _finish(run: Run, log: RunLog, stop_signal: str | None, last_loss: float | N
     """The end record (weights hash) of a finished run, or the stop event of a stopped one."""
     state = run.state
     say = print if run.dist.is_main else (lambda *a, **k: None)
-    if state.step == run.cfg.steps:
+    if state.step == run.cfg.lr_schedule.steps:
         digest = run.weights_sha256()
         log.end(state.step, digest, state)
         say(f"done: {state.step} steps, weights_sha256 {digest}", file=sys.stderr)
         return TrainResult(state.step, digest, False, last_loss)
-    reason = stop_signal or f"stop_at {run.cfg.stop_at}"
+    reason = stop_signal or f"stop_at {run.cfg.run.stop_at}"
     log.event("stop", state.step, reason=reason)
     say(
         f"stopped at step {state.step} ({reason}), checkpoint saved; continue with the same "
@@ -323,6 +329,6 @@ def _nonfinite(log: RunLog, cfg: TrainConfig, step: int, exc: NonFiniteError) ->
     log.event("nonfinite", step, loss=exc.loss, grad_norm=exc.grad_norm)
     return OctlmError(
         f"non-finite loss or gradient norm at step {step} (loss {exc.loss}, "
-        f"grad_norm {exc.grad_norm}); the last good checkpoint in {cfg.out} is kept",
+        f"grad_norm {exc.grad_norm}); the last good checkpoint in {cfg.run.out} is kept",
         "lower --lr, or pass --skip-nonfinite to skip such steps",
     )

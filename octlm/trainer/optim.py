@@ -3,31 +3,11 @@ matrices beside AdamW), its learning rate each step, and clipping by global norm
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 from torch import nn
 
-from octlm.config.train import fused_or_default
+from octlm.config.learning import OptimSettings, fused_or_default
 from octlm.trainer.muon import MuonAdamW
-
-
-class OptimSettings(Protocol):
-    """The settings AdamW is built from (a TrainConfig provides them)."""
-
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    fused: bool | None
-    """None: `config.FUSED_DEFAULT`."""
-    optimizer: str
-    muon_lr: float
-    muon_momentum: float
-    muon_ns_steps: int
-    muon_gram: bool
-    muon_ns_dtype: str
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -53,19 +33,21 @@ def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
     return param.dim() == 2 and name.startswith("layers.")
 
 
-def build_optimizer(model: nn.Module, cfg: OptimSettings) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimSettings, lr: float) -> torch.optim.Optimizer:
+    """The run's optimizer from its section; `lr` is the schedule's peak (the schedule sets
+    every step's rate: `set_lr`)."""
     if cfg.optimizer == "muon":
-        return build_muon(model, cfg)
+        return build_muon(model, cfg, lr)
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),
-        lr=cfg.lr,  # overwritten every step by the schedule
+        lr=lr,  # overwritten every step by the schedule
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
         fused=True if fused_or_default(cfg.fused) else None,
     )
 
 
-def build_muon(model: nn.Module, cfg: OptimSettings) -> MuonAdamW:
+def build_muon(model: nn.Module, cfg: OptimSettings, lr: float) -> MuonAdamW:
     """Muon for the hidden matrices at `muon_lr`, AdamW for the rest at `lr`. `lr_ratio`
     carries the schedule over: each step the Muon lr is the schedule's lr times muon_lr / lr.
     Muon's decay is divided by the same ratio, so a matrix shrinks per step by lr x
@@ -73,7 +55,7 @@ def build_muon(model: nn.Module, cfg: OptimSettings) -> MuonAdamW:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hidden = [p for n, p in named if is_hidden_matrix(n, p)]
     rest = [(n, p) for n, p in named if not is_hidden_matrix(n, p)]
-    ratio = cfg.muon_lr / cfg.lr
+    ratio = cfg.muon_lr / lr
     adam = {"kind": "adamw", "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
     groups = [
         {

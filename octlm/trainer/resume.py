@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from octlm.config.train import TrainConfig, fused_or_default
+from octlm.config.learning import fused_or_default
+from octlm.config.train import TrainConfig
 from octlm.device import fast_bf16_products
 from octlm.errors import RankError, ResumeError
 from octlm.trainer import checkpoint as ckpt
@@ -123,7 +124,7 @@ def settle(
     """`cfg` settled for the checkpoint it resumes (`resumed`; None for a new run), and the
     notes. Decided before any part is built, so every part sees the settings it runs with."""
     # Every rank's Muon must take the same products: bf16 only if each device is fast at it.
-    fast_bf16 = cfg.muon_ns_dtype == "fast" and not agree(
+    fast_bf16 = cfg.optim.muon_ns_dtype == "fast" and not agree(
         not fast_bf16_products(device), info, device
     )
     cfg = settled_ns_dtype(settled_defaults(cfg, resumed), resumed, fast_bf16)
@@ -134,7 +135,7 @@ def settled_defaults(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> T
     """Settings left unset whose default changed after runs existed: a resume takes the
     checkpoint's value, so an older run folder resumes on the numbers it started with; a new
     run takes today's default."""
-    if cfg.fused is None:
+    if cfg.optim.fused is None:
         saved = resumed.trajectory.get("fused") if resumed is not None else None
         cfg = cfg.replace(fused=fused_or_default(saved))
     return cfg
@@ -147,7 +148,7 @@ def settled_ns_dtype(
     fast, else fp32. A resume takes the checkpoint's, so a run continues on the products it
     started with on any machine (an older run's "auto" is absent there: the fingerprint check
     then refuses the change)."""
-    if cfg.muon_ns_dtype != "fast":
+    if cfg.optim.muon_ns_dtype != "fast":
         return cfg
     saved = resumed.trajectory.get("muon_ns_dtype") if resumed is not None else None
     if saved in ("fp32", "bf16"):

@@ -106,7 +106,7 @@ class Run:
 
     @property
     def out(self) -> Path:
-        return Path(self.cfg.out)
+        return Path(self.cfg.run.out)
 
     @property
     def tokens_per_step(self) -> int:
@@ -114,7 +114,7 @@ class Run:
 
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's weights (collective under FSDP)."""
-        return full_model_state(self.model, self.dist, self.cfg.parallel)
+        return full_model_state(self.model, self.dist, self.cfg.hardware.parallel)
 
     def weights_sha256(self) -> str | None:
         """The weights hash on rank 0 (None elsewhere); collective under FSDP."""
@@ -126,7 +126,8 @@ class Run:
         """Every part's state (collective with several ranks: full weights and moments are
         gathered under FSDP, and every rank's generators)."""
         names = self.param_names
-        optim = full_optim_state(self.model, self.optimizer, self.dist, self.cfg.parallel, names)
+        parallel = self.cfg.hardware.parallel
+        optim = full_optim_state(self.model, self.optimizer, self.dist, parallel, names)
         rngs = gather_objects(rng_state_dict(), self.dist)
         return {
             ckpt.MODEL: self.full_model_state(),
@@ -159,7 +160,7 @@ class Run:
             state[ckpt.MODEL],
             state[ckpt.OPTIMIZER],
             self.dist,
-            self.cfg.parallel,
+            self.cfg.hardware.parallel,
             self.param_names,
         )
         if self.scaler is not None and state[ckpt.SCALER]:
@@ -177,7 +178,7 @@ class Run:
             load_rng_state_dict(state[ckpt.RNG][self.dist.rank])
             return []
         # No state for this rank layout: fresh generators, distinct per rank and step.
-        seed_everything(self.cfg.seed * 1000 + self.dist.rank + self.state.step)
+        seed_everything(self.cfg.inputs.seed * 1000 + self.dist.rank + self.state.step)
         return ["random generators re-seeded for the new process count"]
 
     def save(self) -> None:
@@ -205,12 +206,12 @@ class Run:
         # DDP: each rank scores its share with the plain module (no collectives in forward) and
         # the totals are summed. FSDP must run the sharded module on every rank in lockstep,
         # so each rank scores everything.
-        split = self.dist.enabled and self.cfg.parallel == "ddp"
+        split = self.dist.enabled and self.cfg.hardware.parallel == "ddp"
         return validate(
             self.model if split else self.setup.forward,
             val,
             device=self.device,
-            dtype=self.cfg.dtype,
+            dtype=self.cfg.hardware.dtype,
             rank=self.dist.rank if split else 0,
             world=self.dist.world if split else 1,
             reduce_sum=(lambda t: all_reduce_sum(t, self.dist)) if split else None,
@@ -225,7 +226,7 @@ class Run:
             "params_non_embedding": self.model.num_params(non_embedding=True),
             "tokens_per_step": self.tokens_per_step,
             "world": self.dist.world,
-            "flops_per_token": self.model.flops_per_token(self.cfg.context),
+            "flops_per_token": self.model.flops_per_token(self.cfg.inputs.context),
             "fingerprints": self.fingerprints,
             "init_from": self.init_from,
             **({"packing": self.packing} if self.packing else {}),
@@ -241,36 +242,37 @@ def write_checkpoint(
     out: Path, step: int, meta: ckpt.CheckpointMeta, tensors: dict, cfg: TrainConfig
 ) -> None:
     """The checkpoint file (rotated), and with --keep-ckpts a weights-only snapshot beside it."""
-    ckpt.save_checkpoint(out, step, meta, tensors, keep_last=cfg.keep_last)
-    if cfg.keep_ckpts:
+    ckpt.save_checkpoint(out, step, meta, tensors, keep_last=cfg.run.keep_last)
+    if cfg.run.keep_ckpts:
         header = ckpt.snapshot_header(meta)  # type: ignore[arg-type]
         ckpt.save_snapshot(out, step, ckpt.model_weights(tensors), header)
 
 
 def build_run(cfg: TrainConfig) -> Run:
     """Join the process group, then build every part in the order the bits depend on."""
-    dist, device = init_distributed(cfg.device, cfg.dist_timeout)
-    check_shared_folder(Path(cfg.out), dist, device)  # before any rank reads a checkpoint
+    dist, device = init_distributed(cfg.hardware.device, cfg.hardware.dist_timeout)
+    check_shared_folder(Path(cfg.run.out), dist, device)  # before any rank reads a checkpoint
     # The one checkpoint a resume reads: the settings, the shape and the state all come from it.
-    fsdp = dist.enabled and cfg.parallel == "fsdp"
-    start = find_agreed(Path(cfg.out), dist, device, fsdp) if cfg.resume else None
+    fsdp = dist.enabled and cfg.hardware.parallel == "fsdp"
+    start = find_agreed(Path(cfg.run.out), dist, device, fsdp) if cfg.run.resume else None
     resumed = start.info if start else None
     cfg, notes = settle(cfg, resumed, dist, device)
-    check_device_dtype(device, cfg.dtype)
+    check_device_dtype(device, cfg.hardware.dtype)
     if device.type == "cpu":
         keep_freed_host_memory()
-    configure_determinism(cfg.deterministic, device)
+    configure_determinism(cfg.hardware.deterministic, device)
     data_dir, dataset, tokenizer = open_data(cfg)
     init = plan_init(cfg, tokenizer, resumed)  # reads the --init-from source unless resuming
     model_config, model = _build_model(cfg, tokenizer, init)
     model = model.to(device)
-    model.activation_checkpointing = cfg.activation_checkpointing
+    model.activation_checkpointing = cfg.hardware.activation_checkpointing
     # --doc-mask on CUDA: FlexAttention's fused kernel (dropout, which flex lacks, keeps SDPA).
-    model.flex_segments = cfg.doc_mask and device.type == "cuda" and cfg.dropout == 0
+    model.flex_segments = cfg.inputs.doc_mask and device.type == "cuda" and cfg.shape.dropout == 0
     notes += init.notes if init else []
-    wrapped = wrap_model(model, dist, cfg.parallel, device)
-    optimizer = build_optimizer(model, cfg)  # after wrapping: FSDP shards the parameters
-    scaler = torch.amp.GradScaler(device.type) if cfg.dtype == "fp16" else None
+    wrapped = wrap_model(model, dist, cfg.hardware.parallel, device)
+    # After wrapping: FSDP shards the parameters.
+    optimizer = build_optimizer(model, cfg.optim, cfg.lr_schedule.lr)
+    scaler = torch.amp.GradScaler(device.type) if cfg.hardware.dtype == "fp16" else None
     setup = _step_setup(cfg, model, wrapped, scaler, dist, device)
     inputs = build_inputs(cfg, dataset, tokenizer, dist)
     return Run(
@@ -289,14 +291,14 @@ def build_run(cfg: TrainConfig) -> Run:
         sampler=inputs.sampler,
         val=inputs.val,
         val_sources=inputs.val_sources,
-        tasks=read_tasks(cfg.eval_tasks) if cfg.eval_tasks else [],
+        tasks=read_tasks(cfg.evaluation.eval_tasks) if cfg.evaluation.eval_tasks else [],
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),
             "data": inputs.fingerprint,
             "tokenizer": tokenizer.fingerprint,
         },
-        saver=BackgroundSaver(cfg.async_checkpoint),
+        saver=BackgroundSaver(cfg.run.async_checkpoint),
         notes=notes,
         init_from=init.record if init else None,
         packing=inputs.packing,
@@ -313,17 +315,17 @@ def _step_setup(
     device: torch.device,
 ) -> StepSetup:
     return StepSetup(
-        forward=torch.compile(wrapped) if cfg.compile else wrapped,
+        forward=torch.compile(wrapped) if cfg.hardware.compile else wrapped,
         device=device,
-        grad_clip=cfg.grad_clip,
-        dtype=cfg.dtype,
+        grad_clip=cfg.optim.grad_clip,
+        dtype=cfg.hardware.dtype,
         scaler=scaler,
         clip_model=model,
-        before_backward=sync_context(wrapped, dist, cfg.parallel, cfg.accum),
-        skip_nonfinite=cfg.skip_nonfinite,
+        before_backward=sync_context(wrapped, dist, cfg.hardware.parallel, cfg.inputs.accum),
+        skip_nonfinite=cfg.run.skip_nonfinite,
         world=dist.world,
         reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
-        z_loss=cfg.z_loss,
+        z_loss=cfg.optim.z_loss,
     )
 
 
@@ -333,18 +335,20 @@ def _build_model(
     """The seeded model, with the --init-from weights copied in (on the CPU, before wrapping)."""
     # The vocabulary always comes from the data's tokenizer, the context from the config; the
     # rest of the shape from the --init-from source, else the preset under the config's keys.
-    sizes = {"vocab_size": tokenizer.vocab_size, "context": cfg.context, "dropout": cfg.dropout}
-    model_config = init.model_config if init else preset(cfg.model, **sizes, **cfg.shape())
+    shape = cfg.shape
+    sizes = {"vocab_size": tokenizer.vocab_size, "context": cfg.inputs.context}
+    sizes["dropout"] = shape.dropout
+    model_config = init.model_config if init else preset(shape.model, **sizes, **shape.resolved())
     # Seeded right before the model is built: its init is a function of the seed alone. Nothing
     # above draws from a generator, and a resume overwrites every generator last.
-    seed_everything(cfg.seed)
+    seed_everything(cfg.inputs.seed)
     model = GPT(model_config)
     if init is not None and init.weights is not None:
         # The source's weights overwrite the seeded init instead of skipping it: the init's
         # draws still happen, so every generator leaves the build in the state a fresh run of
         # this shape and seed leaves it (dropout masks, and anything drawn later, are the
         # same), and an init-from run differs from a fresh one in its weights alone.
-        load_into(model, init.weights, str(cfg.init_from))
+        load_into(model, init.weights, str(cfg.run.init_from))
     return model_config, model
 
 
@@ -360,7 +364,7 @@ def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
             changes = "; ".join(
                 trajectory_changes(state["trajectory"], run.cfg.trajectory(run.dist.world))
             )
-            if run.cfg.allow_config_change:
+            if run.cfg.run.allow_config_change:
                 notes.append(
                     f"config changed ({changes}) by --allow-config-change: this run is no longer "
                     "exact"

@@ -10,17 +10,8 @@ playground) must give the same numbers.
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
-
-class ScheduleSettings(Protocol):
-    lr: float
-    warmup: int
-    steps: int
-    min_lr_ratio: float
-    schedule: str
-    decay_steps: int | None
-    decay_shape: str
+from octlm.config.learning import ScheduleSettings
 
 
 def learning_rate(step: int, config: ScheduleSettings) -> float:

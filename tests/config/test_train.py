@@ -272,11 +272,11 @@ def test_every_field_has_a_docstring() -> None:
 
 
 def test_every_field_says_whether_it_is_part_of_the_trajectory() -> None:
-    """A new field must choose: `_trajectory(...)` joins the resume fingerprint, `_setting(...)`
+    """A new field must choose: `trajectory(...)` joins the resume fingerprint, `setting(...)`
     does not; the list of non-trajectory keys is derived from those marks."""
-    from dataclasses import fields
+    from octlm.config.train import FIELDS
 
-    marks = {f.name: f.metadata.get("trajectory") for f in fields(TrainConfig)}
+    marks = {key: f.metadata.get("trajectory") for key, f in FIELDS.items()}
     assert all(isinstance(m, bool) for m in marks.values()), marks
     assert set(NON_TRAJECTORY_KEYS) == {k for k, m in marks.items() if not m}
 
@@ -330,7 +330,7 @@ def test_shape_resolves_to_the_preset_under_the_keys_set() -> None:
 
     tiny = PRESETS["tiny"]
     cfg = TrainConfig(model="tiny", context=64, d_model=256, n_heads=8, rope_base=5e5)
-    shape = cfg.shape()
+    shape = cfg.shape.resolved()
     assert (shape["d_model"], shape["n_heads"], shape["rope_base"]) == (256, 8, 5e5)
     assert (shape["n_layers"], shape["d_ff"], shape["init_std"]) == (
         tiny.n_layers,
@@ -382,7 +382,12 @@ def test_shape_keys_come_from_toml_and_flags_win(tmp_path) -> None:
     path = tmp_path / "shape.toml"
     path.write_text('model = "micro"\ncontext = 32\nd_model = 64\nn_layers = 3\n')
     cfg = make_config(path, n_layers=1)
-    assert (cfg.model, cfg.d_model, cfg.n_layers, cfg.shape()["n_heads"]) == ("micro", 64, 1, 4)
+    assert (cfg.model, cfg.d_model, cfg.n_layers, cfg.shape.resolved()["n_heads"]) == (
+        "micro",
+        64,
+        1,
+        4,
+    )
 
 
 @pytest.mark.parametrize(
@@ -461,7 +466,7 @@ def test_a_model_too_big_for_the_machine_is_refused_from_its_count(monkeypatch) 
     from octlm.config.shape import parameter_count
 
     tiny = TrainConfig(model="tiny", context=64, micro_batch=4)
-    params = parameter_count(tiny.shape(), 4096)  # 2.36M: the embedded corpus' vocabulary
+    params = parameter_count(tiny.shape.resolved(), 4096)  # 2.36M: the embedded corpus' vocabulary
     activations = 4 * 64 * (192 * 4 + 4096) * 4  # block inputs and logits, fp32, per token
     monkeypatch.setattr(checks, "machine_memory", lambda: params * 16 + activations)
     assert tiny.replace(micro_batch=4) == tiny  # just fits

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from octlm.config.rules import ConfigError, parse_mixture
+from octlm.config.inputs import parse_mixture
+from octlm.config.rules import ConfigError
 from octlm.config.train import TrainConfig
 from octlm.data.mixture import STRATUM, MixtureSampler, mixture_fingerprint, quotas
 from octlm.data.shards import TokenStream
@@ -39,8 +40,8 @@ def source_of(batch: tuple[torch.Tensor, ...]) -> list[int]:
 
 def test_parse_mixture_reads_paths_and_weights() -> None:
     assert parse_mixture("data/stories") is None
-    assert parse_mixture("a:0.7,b/c:0.3") == [("a", 0.7), ("b/c", 0.3)]
-    assert parse_mixture("runs/x:1") == [("runs/x", 1.0)]
+    assert parse_mixture("a:0.7,b/c:0.3") == (("a", 0.7), ("b/c", 0.3))
+    assert parse_mixture("runs/x:1") == (("runs/x", 1.0),)
     assert parse_mixture("C:/data/set") is None  # a colon in a path is not a weight
     for bad, why in (
         ("a:0.7,b", "'b' is not PATH:WEIGHT"),

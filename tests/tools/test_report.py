@@ -18,6 +18,7 @@ import pytest
 
 from octlm.cli.main import main
 from octlm.config.files import load_toml
+from octlm.config.train import TrainConfig
 from octlm.runlog import RunLog
 from octlm.tools.report import report as page
 from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets
@@ -305,6 +306,32 @@ def test_the_settings_show_the_shape_a_preset_decided(tmp_path: Path) -> None:
     config = load_run(run)["config"]
     assert (config["n_layers"], config["d_model"], config["n_heads"]) == (4, 192, 6)
     assert "vocab_size" not in config  # not a config key: it stays in the Model group
+
+
+def test_the_settings_are_grouped_by_section_without_keys_that_do_not_apply(
+    tmp_path: Path,
+) -> None:
+    """The report's settings table: one group per section of the config, in the sections'
+    order; Muon's keys only for a Muon run, the wsd decay's only for wsd, and every other key
+    of the header in its section."""
+    run = write_run(tmp_path / "a")
+    lines = (run / "log.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["config"] = TrainConfig(model="micro", context=32).to_dict()  # every key
+    (run / "log.jsonl").write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    config, sections = load_run(run)["config"], load_run(run)["config_sections"]
+    assert list(sections)[:3] == ["shape", "optim", "lr_schedule"]
+    assert "muon_lr" not in sections["optim"] and "decay_steps" not in sections["lr_schedule"]
+    assert sections["optim"]["optimizer"] == config["optimizer"] == "adamw"
+    shown = {k for keys in sections.values() for k in keys}
+    hidden = {"muon_lr", "muon_momentum", "muon_ns_steps", "muon_gram", "muon_ns_dtype"}
+    hidden |= {"decay_steps", "decay_shape", "doc_mask"}
+    assert shown == set(config) - hidden
+    header["config"].update(optimizer="muon", schedule="wsd", decay_steps=2)
+    (run / "log.jsonl").write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    sections = load_run(run)["config_sections"]
+    assert {"muon_lr", "muon_ns_dtype"} <= set(sections["optim"])
+    assert sections["lr_schedule"]["decay_steps"] == 2
 
 
 def test_the_header_packing_record_reaches_the_page(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from octlm.trainer.muon import (
     ns_dtype,
     orthogonalize,
 )
-from octlm.trainer.optim import build_optimizer, param_names, set_lr
+from octlm.trainer.optim import param_names, set_lr
+from tests.unit_model import optimizer_for
 
 MICRO = ModelConfig(
     vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, context=16
@@ -55,7 +56,7 @@ def test_orthogonalize_approximates_u_v_transpose(shape) -> None:
 
 def test_the_blocks_matrices_take_muon_and_the_rest_adamw() -> None:
     model = model_with_grads(qk_norm=True)
-    opt = build_optimizer(model, muon_config(qk_norm=True))
+    opt = optimizer_for(model, muon_config(qk_norm=True))
     kinds = [g["kind"] for g in opt.param_groups]
     assert kinds == ["muon", "adamw", "adamw"]
     names = param_names(model, opt)
@@ -73,7 +74,7 @@ def test_muon_step_is_its_definition() -> None:
     """momentum -> Nesterov -> Newton-Schulz -> decoupled decay and a shape-scaled step."""
     model = model_with_grads()
     cfg = muon_config(weight_decay=0.1, muon_lr=0.02, muon_momentum=0.9)
-    opt = build_optimizer(model, cfg)
+    opt = optimizer_for(model, cfg)
     set_lr(opt, cfg.lr)
     group = opt.param_groups[0]
     assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(
@@ -121,7 +122,7 @@ def test_state_round_trips_through_the_checkpoint_layout() -> None:
     """Saved after two steps and loaded into a fresh optimizer, the third step is the same."""
     cfg = muon_config()
     model = model_with_grads()
-    opt = build_optimizer(model, cfg)
+    opt = optimizer_for(model, cfg)
     opt.step()
     opt.step()
     meta, tensors = ckpt.optimizer_to_flat(opt)
@@ -132,7 +133,7 @@ def test_state_round_trips_through_the_checkpoint_layout() -> None:
     twin.load_state_dict(model.state_dict())
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         q.grad = p.grad.clone()
-    twin_opt = build_optimizer(twin, cfg)
+    twin_opt = optimizer_for(twin, cfg)
     twin_opt.load_state_dict(restored_sd)
     opt.step()
     twin_opt.step()
@@ -162,11 +163,11 @@ def test_a_loaded_step_count_lives_where_its_adamw_kernel_wants_it(fused) -> Non
 
 def test_set_lr_scales_only_the_muon_group() -> None:
     model = model_with_grads()
-    opt = build_optimizer(model, muon_config(muon_lr=0.05, lr=1e-3))
+    opt = optimizer_for(model, muon_config(muon_lr=0.05, lr=1e-3))
     set_lr(opt, 5e-4)  # half the peak: the Muon lr is half its peak too
     assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
     assert [g["lr"] for g in opt.param_groups[1:]] == [5e-4, 5e-4]
-    adam = build_optimizer(model, TrainConfig(model="micro", context=16))
+    adam = optimizer_for(model, TrainConfig(model="micro", context=16))
     set_lr(adam, 5e-4)
     assert all(g["lr"] == 5e-4 and "lr_ratio" not in g for g in adam.param_groups)
 
@@ -183,7 +184,7 @@ def test_fewer_newton_schulz_steps_take_their_own_update() -> None:
     for steps in (3, 5, None):
         model = model_with_grads()
         cfg = muon_config(muon_ns_steps=3 if steps == 3 else 5)
-        opt = build_optimizer(model, cfg)
+        opt = optimizer_for(model, cfg)
         set_lr(opt, cfg.lr)
         if steps is None:
             del opt.param_groups[0]["ns_steps"]
@@ -249,7 +250,7 @@ def test_muon_gram_reaches_the_groups_and_the_fingerprint_only_when_set() -> Non
     assert "muon_gram" not in plain.trajectory(1) and gram.trajectory(1)["muon_gram"] is True
     assert plain.fingerprint_for(1) != gram.fingerprint_for(1)
     model = model_with_grads()
-    opt = build_optimizer(model, gram)
+    opt = optimizer_for(model, gram)
     assert opt.param_groups[0]["gram"] is True
     set_lr(opt, gram.lr)
     p = model.layers[0].feed_forward.w1.weight  # 48 x 32: tall, iterated on its 32 x 32 Gram
@@ -285,4 +286,4 @@ def test_muon_ns_dtype_reaches_the_groups_and_the_fingerprint_only_when_set() ->
     assert "muon_ns_dtype" not in auto.trajectory(1)
     assert bf16.trajectory(1)["muon_ns_dtype"] == "bf16"
     assert auto.fingerprint_for(1) != bf16.fingerprint_for(1)
-    assert build_optimizer(model_with_grads(), bf16).param_groups[0]["ns_dtype"] == "bf16"
+    assert optimizer_for(model_with_grads(), bf16).param_groups[0]["ns_dtype"] == "bf16"

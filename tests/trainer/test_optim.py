@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from octlm.config.files import make_config
+from octlm.config.learning import FUSED_DEFAULT
 from octlm.config.shape import preset
-from octlm.config.train import FUSED_DEFAULT, TrainConfig
+from octlm.config.train import TrainConfig
 from octlm.device import fast_bf16_products
 from octlm.model.gpt import GPT
 from octlm.trainer.checkpoint import CheckpointInfo
-from octlm.trainer.optim import build_optimizer, clip_grad_norm, param_groups, set_lr
+from octlm.trainer.optim import clip_grad_norm, param_groups, set_lr
 from octlm.trainer.resume import settled_defaults, settled_ns_dtype
+from tests.unit_model import optimizer_for
 
 TINY = preset(
     "tiny", vocab_size=512, context=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128
@@ -42,7 +44,7 @@ def global_norm(model: GPT) -> float:
 def test_matrices_decay_and_norm_gains_do_not() -> None:
     model = make_model()
     cfg = TrainConfig(model="tiny", context=32, weight_decay=0.07)
-    opt = build_optimizer(model, cfg)
+    opt = optimizer_for(model, cfg)
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.07
     assert no_decay["weight_decay"] == 0.0
@@ -72,12 +74,12 @@ def test_group_counts_for_the_tiny_model() -> None:
 
 def test_optimizer_settings_come_from_the_config() -> None:
     cfg = TrainConfig(model="tiny", context=32, lr=2e-3, beta1=0.8, beta2=0.9, eps=1e-6)
-    opt = build_optimizer(make_model(), cfg)
+    opt = optimizer_for(make_model(), cfg)
     for group in opt.param_groups:
         assert group["betas"] == (0.8, 0.9)
         assert group["eps"] == 1e-6
         assert group["fused"]  # unset: FUSED_DEFAULT
-    unfused = build_optimizer(make_model(), cfg.replace(fused=False))
+    unfused = optimizer_for(make_model(), cfg.replace(fused=False))
     assert not any(g["fused"] for g in unfused.param_groups)
     set_lr(opt, 3e-4)
     assert [g["lr"] for g in opt.param_groups] == [3e-4, 3e-4]
@@ -85,7 +87,7 @@ def test_optimizer_settings_come_from_the_config() -> None:
 
 def test_fused_adamw_builds_and_steps_on_cpu() -> None:
     model = make_model()
-    opt = build_optimizer(model, TrainConfig(model="tiny", context=32, fused=True))
+    opt = optimizer_for(model, TrainConfig(model="tiny", context=32, fused=True))
     assert all(g["fused"] for g in opt.param_groups)
     before = model.tok_embeddings.weight.detach().clone()
     backward(model)
@@ -170,7 +172,7 @@ def test_fused_and_unfused_adamw_differ_in_the_last_bits() -> None:
     for fused in (False, True):
         torch.manual_seed(0)
         model = GPT(preset("micro"))
-        opt = build_optimizer(model, make_config(None, model="micro", context=64, fused=fused))
+        opt = optimizer_for(model, make_config(None, model="micro", context=64, fused=fused))
         for _ in range(3):
             x = torch.randint(0, 300, (2, 16))
             loss_sum, n = model(x, x)

@@ -8,19 +8,18 @@ taking TrainConfig's defaults.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from octlm.config.files import SHIPPED_CONFIGS, load_toml
-from octlm.config.train import ConfigError, TrainConfig
+from octlm.config.train import ConfigError, default_values
 
 SCHEDULE_KEYS = ("lr", "warmup", "steps", "min_lr_ratio", "schedule", "decay_steps", "decay_shape")
 
 
 def schedule_defaults() -> dict[str, Any]:
     # The dataclass defaults, without constructing TrainConfig (its check imports torch).
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = default_values()
     return {k: defaults[k] for k in SCHEDULE_KEYS}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config.shape import SHAPE_KEYS
+from octlm.config.train import sectioned
 from octlm.errors import OctlmError
 from octlm.runlog import read_log_counted, require_log
 
@@ -71,11 +72,14 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     val_sources, val_tasks = _named(vals, "val_bpb"), _named(vals, "acc_norm")
     config = header.get("config") if isinstance(header.get("config"), dict) else {}
     folder = path.parent
+    resolved = _resolved(config, header.get("model_config"))
     return {
         "name": name or folder.name,
         "path": str(folder.resolve()),
         **{k: header.get(k) for k in HEADER_FIELDS},
-        "config": _resolved(config, header.get("model_config")),
+        "config": resolved,
+        # The settings table's groups: by section, the keys that do not apply left out.
+        "config_sections": sectioned(resolved),
         "grad_clip": number(config.get("grad_clip")) or 0,
         "steps": {k: [number(r.get(k)) for r in steps] for k in STEP_FIELDS},
         "skipped": [r.get("step") for r in steps if r.get("skipped")],

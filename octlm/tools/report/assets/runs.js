@@ -231,8 +231,14 @@ function drawSettings(runs) {
   const other = runs.map((r) => ({ params: r.params, params_non_embedding: r.params_non_embedding,
     tokens_per_step: r.tokens_per_step, git_commit: r.git_commit, data_dir: r.data_dir,
     started: r.time, argv: (r.argv || []).join(" ") }));
+  // The config by section (octlm.config.train.SECTIONS), keys that do not apply to a run left
+  // out (Muon's for an AdamW run, the wsd decay's for a cosine one).
+  const sections = [];
+  for (const r of runs) {
+    for (const s of Object.keys(r.config_sections || {})) if (!sections.includes(s)) sections.push(s);
+  }
   const groups = [
-    ["Training settings (config)", runs.map((r) => r.config)],
+    ...sections.map((s) => [`Training settings: ${s}`, runs.map((r) => (r.config_sections || {})[s])]),
     ["Fingerprints", runs.map((r) => r.fingerprints)],
     ["Build", runs.map((r) => r.build)],
     ["Model", runs.map((r) => r.model_config)],
@@ -242,11 +248,11 @@ function drawSettings(runs) {
   // themselves, e.g. the shares of tokens cropped and padded; only when a run has them.
   const packing = runs.map((r) => (r.packing && r.packing.train) || {});
   if (packing.some((p) => Object.keys(p).length)) {
-    groups.splice(1, 0, ["Training rows (packing)", packing]);
+    groups.splice(sections.length, 0, ["Training rows (packing)", packing]);
   }
   const box = document.getElementById("settings");
   box.replaceChildren(...groups.map(([title, objs], k) => {
-    const d = h("details", { open: k < 3 ? "" : null }, h("summary", {}, title),
+    const d = h("details", { open: k <= sections.length ? "" : null }, h("summary", {}, title),
       h("div", { class: "scroll" }, compareTable(runs, objs)));
     return d;
   }));

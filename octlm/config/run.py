@@ -1,0 +1,160 @@
+"""How a run is carried out, none of which is the model or its data: the hardware it computes
+on (`HardwareSettings`), how often it is evaluated (`EvalSettings`), its folder and lifecycle
+(`RunSettings`: checkpoints, stopping, resuming, where it starts from) and what is watched
+(`ObserveSettings`: hashes, profiles, trackers). Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from octlm.config import checks
+from octlm.config.rules import (
+    check_section,
+    declared_rules,
+    new_trajectory,
+    require,
+    setting,
+    trajectory,
+)
+
+DTYPES = ("fp32", "bf16", "fp16")
+DEVICE_PATTERN = r"auto|(cpu|cuda|mps)(:\d+)?"  # what octlm.device.resolve_device takes
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: no collective waits longer for a peer (torch's own default is 30 minutes)."""
+TRACKERS = ("tensorboard", "wandb")  # --log-to (octlm.trackers); each is its own extra
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareSettings:
+    """What the run computes on and with: number format, compilation, determinism, how several
+    processes share the model, the device."""
+
+    dtype: str = trajectory("bf16")
+    """fp32, or autocast over fp32 weights with bf16 or fp16 (fp16 adds a GradScaler)."""
+    compile: bool = trajectory(False)
+    """Wrap the model with torch.compile."""
+    activation_checkpointing: bool = setting(False)
+    """Recompute each block's activations in the backward pass instead of storing them: less
+    memory for about one more forward per step, the same bits (a setting, so a resume may
+    turn it on or off)."""
+    deterministic: bool = trajectory(False)
+    """torch.use_deterministic_algorithms(True) plus the CUDA settings it needs."""
+    parallel: str = trajectory("ddp")
+    """With several processes (torchrun): ddp (replicated) or fsdp (FSDP2, sharded)."""
+    dist_timeout: float = setting(1800.0, checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True))
+    """With several processes: seconds a collective waits for a peer before the run ends with
+    an error naming the rank and step (a dead, stopped or hung process); torch's default. Must
+    exceed the longest step, validation or checkpoint write."""
+    device: str = setting("auto")  # checked through the build record instead
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
+
+    def __post_init__(self) -> None:
+        check_section(self)
+        require(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
+        require(
+            self.parallel in ("ddp", "fsdp"),
+            f"parallel {self.parallel!r} is unknown",
+            "use ddp or fsdp",
+        )
+        require(
+            re.fullmatch(DEVICE_PATTERN, self.device) is not None,
+            f"device {self.device!r} is unknown",
+            "use cpu, cuda, cuda:N, mps or auto",
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvalSettings:
+    """How often the run is scored, and on what: validation windows and task files. Scoring
+    never moves a training bit (it runs under `fork_rng`)."""
+
+    val_every: int = setting(20, checks.Int(0))
+    """Validate every N steps and at the end; 0 disables periodic validation."""
+    val_batches: int = setting(40, checks.Int(1))
+    """Micro-batches of the validation stream to evaluate (always the same first ones)."""
+    eval_tasks: str | None = setting(None)  # scoring never moves a training bit
+    """Multiple-choice task files, FILE[:N],... (their first N questions), scored at every
+    validation: acc and acc_norm per task in the log, as lm-eval scores them (docs/
+    evaluation.md)."""
+
+    def __post_init__(self) -> None:
+        check_section(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSettings:
+    """The run's folder and lifecycle: where it writes, where it starts from, how often it
+    checkpoints and keeps, when it stops, whether it resumes, what it does on a bad step."""
+
+    out: str = setting("runs/octlm", checks.PATH)
+    """Run folder: log.jsonl, checkpoints, snapshots."""
+    init_from: str | None = new_trajectory(None, checks.PATH)
+    """Start from these weights (an octlm run folder or checkpoint file, or a Hugging Face
+    LlamaForCausalLM or Qwen3ForCausalLM folder), whose shape the model takes; fresh optimizer,
+    step 0."""
+    ckpt_every: int = setting(40, checks.Int(0))
+    """Checkpoint every N steps and at the end; 0 = only at the end and on interruption."""
+    keep_last: int = setting(2, checks.Int(1))
+    """Full checkpoints kept (rotated); a damaged newest one falls back to the one before."""
+    keep_ckpts: bool = setting(False)
+    """Also keep a weights-only snapshot at every checkpoint."""
+    async_checkpoint: bool = setting(True)  # it writes a private copy
+    """Write checkpoints in a background thread from a private copy of the state, so training
+    goes on while they are written; every exit waits for the write in flight."""
+    stop_at: int | None = setting(None, checks.Int(1))
+    """Stop cleanly once this many steps are done, with a checkpoint, as an interruption would."""
+    resume: bool = setting(False)
+    """Continue from the newest valid checkpoint in `out` (start fresh if it holds none)."""
+    allow_config_change: bool = setting(False)
+    """Resume even though trajectory settings changed (e.g. more steps); the log records that
+    the run is no longer exact."""
+    skip_nonfinite: bool = setting(False)  # acts only when logged
+    """Skip steps with a non-finite loss or gradient norm (counted in the log) instead of
+    stopping."""
+
+    def __post_init__(self) -> None:
+        check_section(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObserveSettings:
+    """What watches the run without changing it: weight and tensor hashes, the progress bar,
+    the profiler, trackers, the peak MFU is measured against."""
+
+    hash_every: int | None = setting(None, checks.Int(0))
+    """Write the model's weights_sha256 to the log every N steps; default: at every validation;
+    0: only at the end."""
+    hash_tensors: bool = setting(False)  # digests only read the tensors
+    """With each weights hash, also log a 16-hex digest of every weight and of every gradient
+    of the step just done (before clipping), so `octlm diff` names the first tensor that
+    differs."""
+    progress: bool | None = setting(None)
+    """Progress bar: on a terminal by default."""
+    profile_steps: str | None = setting(None)  # the profiler only watches
+    """A:B: steps A to B (from 1) profiled into OUT/profile/, a Chrome trace and a per-op table."""
+    memory_snapshot: bool = setting(False)
+    """On CUDA: PyTorch's memory snapshot of the first steps (up to 3) in OUT/profile/."""
+    log_to: str | None = setting(None)  # trackers only read the log's records
+    """Also send the log's records to trackers, comma-separated: tensorboard (OUT/tensorboard),
+    wandb (the run id kept in OUT/wandb_id; WANDB_MODE=offline needs no network)."""
+    peak_tflops: float | None = setting(None, checks.Number(0, lo_open=True))
+    """Device peak for MFU; default: a table for known GPUs, none on CPU."""
+
+    def __post_init__(self) -> None:
+        check_section(self)
+        for name in (self.log_to or "").split(","):
+            require(
+                name.strip() in TRACKERS + ("",),
+                f"log_to names an unknown tracker {name.strip()!r}",
+                f"use a comma-separated list of {', '.join(TRACKERS)}",
+            )
+
+
+RULES = {
+    **declared_rules(HardwareSettings),
+    **declared_rules(EvalSettings),
+    **declared_rules(RunSettings),
+    **declared_rules(ObserveSettings),
+}
