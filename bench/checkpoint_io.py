@@ -390,7 +390,7 @@ def log_shares(records: list[dict], cfg, n_val: int, n_hash: int, n_ckpt: int) -
         print(f"share of wall on the seed's schedule, from this log: {fr:.2%}")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--context", type=int, default=256)
@@ -404,7 +404,11 @@ def main() -> None:
     ap.add_argument("--fraction-val-batches", type=int, default=5)
     ap.add_argument("--log-steps", type=int, default=45, help="0 = skip the real-run log check")
     ap.add_argument("--log-runs", type=int, default=1, help="pairs of real runs (1 or 2)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))

@@ -41,7 +41,7 @@ def workers_of(launcher: int) -> list[int]:
     return sorted(kids)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--config", default="tiny")
@@ -56,7 +56,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times and victims")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="octlm-elastic-", dir=args.workdir))
     t0 = time.time()

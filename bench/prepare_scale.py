@@ -368,14 +368,18 @@ def part_big(args: argparse.Namespace) -> str:
     )
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every corpus size")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the interleaved timings")
     ap.add_argument("--part", choices=("all", "rss", "workers", "formats"), default="all")
     ap.add_argument("--big", action="store_true", help="also 1 GB x --scale end to end (minutes)")
     ap.add_argument("--vocab-size", type=int, default=32768)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     print(
         f"octlm prepare at scale: scale {args.scale}, {default_workers()} cores, Python "
         f"{platform.python_version()}, tokenizers {tokenizers.__version__}, cache {cache()}",

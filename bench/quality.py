@@ -847,7 +847,7 @@ def run_bench(args: argparse.Namespace, work: Path) -> dict:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout (omit: octlm variants only)")
     ap.add_argument("--mode", choices=("bpe", "char", "both"), default="both")
@@ -894,7 +894,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
     ap.add_argument("--keep-runs", action="store_true", help="keep run folders and checkpoints")
     ap.add_argument("--json", type=Path, help="write every number to this file")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.budget <= 0 or args.rounds < 1 or args.threads < 1 or args.first_round < 1:
         sys.exit("bench: --budget, --rounds, --threads and --first-round must be positive")
     if args.steps is not None and args.steps < 1:
