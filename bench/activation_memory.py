@@ -61,10 +61,14 @@ def child(name: str, context: int, batch: int, ac: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     for name, context, batch in CASES:
         mem, time_ratio, same = [], [], True
         for _ in range(args.rounds):

@@ -69,7 +69,7 @@ def unlisted(out: Path) -> set[str]:
     return {p.name for p in folder.glob("step_*.safetensors")} - listed
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--config", default="tiny")
@@ -82,7 +82,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the runs (default: delete them)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="octlm-chaos-", dir=args.workdir))
 

@@ -49,6 +49,7 @@ from safetensors.torch import save_file
 
 from octlm.config.files import make_config
 from octlm.config.shape import preset
+from octlm.config.train import TrainConfig
 from octlm.fsutil import fsync_path
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
@@ -354,7 +355,8 @@ def log_fraction(args, tmp: Path, n_val: int, n_hash: int, n_ckpt: int) -> None:
         log_shares(read_log(out), cfg, n_val, n_hash, n_ckpt)
 
 
-def log_shares(records: list[dict], cfg, n_val: int, n_hash: int, n_ckpt: int) -> None:
+def log_shares(records: list[dict], cfg: TrainConfig, n_val: int, n_hash: int, n_ckpt: int) -> None:
+    keys = cfg.to_dict()  # flat keys, whatever sections the config class groups them in
     steps = [r for r in records if r["type"] == "step"]
     gaps = {b["step"]: b["elapsed"] - a["elapsed"] for a, b in zip(steps, steps[1:], strict=False)}
     # gap[s + 1] holds step s + 1 and everything done after step s.
@@ -366,8 +368,8 @@ def log_shares(records: list[dict], cfg, n_val: int, n_hash: int, n_ckpt: int) -
     ]
     base = statistics.median(ordinary)
     print(
-        f"(b) a real `octlm train` run, {len(steps)} steps ({cfg.micro_batch} x {cfg.context} x "
-        f"accum {cfg.accum}): median ordinary step gap {base:.3f} s "
+        f"(b) a real `octlm train` run, {len(steps)} steps ({keys['micro_batch']} x "
+        f"{keys['context']} x accum {keys['accum']}): median ordinary step gap {base:.3f} s "
         f"(range {min(ordinary):.3f} - {max(ordinary):.3f})"
     )
     print("| after step | what | gap s | extra over a step s | extra / step |")
@@ -390,7 +392,7 @@ def log_shares(records: list[dict], cfg, n_val: int, n_hash: int, n_ckpt: int) -
         print(f"share of wall on the seed's schedule, from this log: {fr:.2%}")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--context", type=int, default=256)
@@ -404,7 +406,11 @@ def main() -> None:
     ap.add_argument("--fraction-val-batches", type=int, default=5)
     ap.add_argument("--log-steps", type=int, default=45, help="0 = skip the real-run log check")
     ap.add_argument("--log-runs", type=int, default=1, help="pairs of real runs (1 or 2)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))

@@ -51,11 +51,15 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("root", nargs="?", default=".")
     p.add_argument("--loop", default="octlm/trainer/loop.py:_loop")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     root = Path(args.root)
     files = sorted((root / "octlm").rglob("*.py"))
     sizes, functions, pairs = [], [], set()

@@ -179,7 +179,7 @@ def loader_round(r: int, sampler: Sampler, model: GPT, args, first: int, tokens:
     return loader, train_s, first
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--part", choices=("all", "loader", "tokenize"), default="all")
@@ -201,7 +201,11 @@ def main() -> None:
         help="with --packing bos: keep no block, so every row deals its block afresh (the cost "
         "on a corpus far larger than the cache, where a random row's block is rarely kept)",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     data = Path(args.data)
     ds = ShardDataset.open(data)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from bench.chaos import checkpoint_step, last_logged_step, straight_reference, unlisted, verdict
+from bench.common import config_value
 from octlm.config.files import make_config
 from octlm.tools import subrun
 
@@ -41,7 +42,7 @@ def workers_of(launcher: int) -> list[int]:
     return sorted(kids)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--config", default="tiny")
@@ -56,23 +57,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times and victims")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
-    root = Path(tempfile.mkdtemp(prefix="octlm-elastic-", dir=args.workdir))
-    t0 = time.time()
-    cfg = make_config(args.config, steps=args.steps, ckpt_every=args.ckpt_every)
-    cfg = cfg.replace(parallel=args.parallel, accum=max(1, cfg.accum // args.nproc))
-    config = subrun.write_config(cfg, root / "config.toml")
-    nproc = ("--nproc", str(args.nproc))
-    reference = straight_reference(config, root, t0, *nproc)
-    if reference is None:
-        return 2
+    return ap
 
-    out = root / "chaos"
-    env = {**os.environ, "OCTLM_CHAOS_SAVE_PAUSE": str(args.save_pause)}
-    argv = subrun.train_argv(config, out, "--resume", *nproc)
-    argv += ["--max-restarts", str(args.kills + 2)]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+def kill_workers(
+    proc: subprocess.Popen, out: Path, args: argparse.Namespace, rng: random.Random
+) -> tuple[int, int, int] | None:
+    """SIGKILL a random worker of the launcher `proc` after a random delay, `args.kills`
+    times, until it ends: (kills, of them during a checkpoint write, steps redone), or None
+    when the run hung (no new step for `args.stall` seconds; the launcher is killed)."""
     kills = during_save = redone = 0
     progress, seen = time.monotonic(), -1
     next_kill = None
@@ -84,7 +77,7 @@ def main() -> int:
         if time.monotonic() - progress > args.stall:
             proc.kill()
             print(f"HUNG: no new step for {args.stall:.0f} s after step {seen} ({kills} kills)")
-            return 2
+            return None
         workers = workers_of(proc.pid)
         if kills >= args.kills or len(workers) != args.nproc:
             next_kill = None  # between groups: wait for the restart to be up
@@ -106,6 +99,32 @@ def main() -> int:
         redone += max(0, last_logged_step(out) - checkpoint_step(out))
         while victim in workers_of(proc.pid):  # until the agent has noticed and reaped it
             time.sleep(0.05)
+    return kills, during_save, redone
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    rng = random.Random(args.seed)
+    root = Path(tempfile.mkdtemp(prefix="octlm-elastic-", dir=args.workdir))
+    t0 = time.time()
+    cfg = make_config(args.config, steps=args.steps, ckpt_every=args.ckpt_every)
+    accum = max(1, config_value(cfg, "accum") // args.nproc)
+    cfg = cfg.replace(parallel=args.parallel, accum=accum)
+    config = subrun.write_config(cfg, root / "config.toml")
+    nproc = ("--nproc", str(args.nproc))
+    reference = straight_reference(config, root, t0, *nproc)
+    if reference is None:
+        return 2
+
+    out = root / "chaos"
+    env = {**os.environ, "OCTLM_CHAOS_SAVE_PAUSE": str(args.save_pause)}
+    argv = subrun.train_argv(config, out, "--resume", *nproc)
+    argv += ["--max-restarts", str(args.kills + 2)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    survived = kill_workers(proc, out, args, rng)
+    if survived is None:
+        return 2
+    kills, during_save, redone = survived
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode != 0:
         print(f"run failed (exit {proc.returncode}): {subrun.last_line(err)}")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from octlm.config.files import make_config
 from octlm.config.shape import preset
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
@@ -26,6 +25,7 @@ from octlm.model.gpt import GPT
 if not __package__:  # run as `python bench/exactness_costs.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import bench_config
 from bench.loop_overhead import octlm_step_times
 
 
@@ -42,20 +42,16 @@ def hash_seconds(name: str, repeats: int = 3) -> tuple[float, int]:
     return statistics.median(times), nbytes
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
-    args = ap.parse_args()
-    cfg = make_config(
-        "tiny",
-        steps=args.steps + 2,
-        warmup=2,
-        val_every=0,
-        ckpt_every=0,
-        progress=False,
-        device="cpu",
-    )
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    cfg = bench_config(base="tiny", steps=args.steps + 2)
     print(f"threads {torch.get_num_threads()}")
     ratios, step_times = [], []
     for r in range(args.rounds):

@@ -123,11 +123,15 @@ def run(variant: str, model: str, nproc: int) -> list[dict]:
         return rows
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="small")
     parser.add_argument("--nproc", type=int, default=2)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     for variant in ("every-rank", "rank-0-only"):
         for rank, r in enumerate(run(variant, args.model, args.nproc)):
             print(

@@ -33,13 +33,17 @@ def timed_generate(model: GPT, prompt: list[int], new: int, cache: bool) -> tupl
     return time.perf_counter() - t0, out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--new", type=int, default=512, help="new tokens per generation")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8, help="prompts in the batched part")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     context = max(PRESETS[args.preset].context, PROMPT_LEN + args.new)
     torch.manual_seed(0)
     model = GPT(preset(args.preset, context=context)).eval()

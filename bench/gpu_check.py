@@ -45,11 +45,12 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from octlm.config.files import config_path, make_config
 from octlm.config.shape import preset
+from octlm.config.train import TrainConfig
 from octlm.model.gpt import GPT
 from octlm.runlog import read_log
 from octlm.tools.peak import measure_peak, store_peak
@@ -57,6 +58,8 @@ from octlm.trainer.loop import train
 
 if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import bench_config, config_value
 
 VARIANTS = {
     "bf16": {"fused": False},
@@ -71,21 +74,16 @@ MFU_TARGETS = {"small": 0.50, "main": 0.55}
 """Issue 19's targets on an H200, bf16 with fused AdamW and compile."""
 
 
-def base_config(model: str, args: argparse.Namespace, steps: int, **extra):
-    return make_config(
-        None,
-        model=model,
+def base_config(model: str, args: argparse.Namespace, steps: int, **extra: Any) -> TrainConfig:
+    return bench_config(
+        model,
         steps=steps,
-        warmup=2,
-        lr=6e-4,
+        context=args.context,
         micro_batch=args.micro_batch,
         accum=args.accum,
-        context=args.context,
         dtype="bf16",
-        val_every=0,
-        ckpt_every=0,
-        progress=False,
         device=args.device,
+        lr=6e-4,
         **extra,
     )
 
@@ -251,14 +249,12 @@ def doc_mask(args: argparse.Namespace) -> None:
     print("\n".join(format_table(summaries)))
 
 
-def recipe_config(args: argparse.Namespace, **changes):
+def recipe_config(args: argparse.Namespace, **changes: Any) -> TrainConfig:
     """`--config recipe` on the device, short; --deterministic on CUDA, where the default
     kernels already part two straight runs (the exactness section)."""
-    cfg = make_config(
-        config_path("recipe"), steps=args.steps, warmup=2, val_every=0, ckpt_every=0,
-        progress=False, device=args.device, deterministic=args.device.startswith("cuda"),
-    )  # fmt: skip
-    return cfg.replace(**changes)
+    cuda = args.device.startswith("cuda")
+    keys = {"deterministic": cuda, **changes}
+    return bench_config(base="recipe", steps=args.steps, device=args.device, **keys)
 
 
 def recipe(args: argparse.Namespace) -> None:
@@ -269,14 +265,16 @@ def recipe(args: argparse.Namespace) -> None:
 
     shipped = recipe_config(args)
     summaries, _ = verify_resume(shipped, [args.split], keep=False, echo=lambda _: None)
-    print(f"\nverify-resume, --config recipe, fp32 as shipped, {shipped.device}:")
+    keys = shipped.to_dict()  # flat keys, whatever sections the config class groups them in
+    print(f"\nverify-resume, --config recipe, fp32 as shipped, {keys['device']}:")
     print("\n".join(format_table(summaries)))
     torch.manual_seed(0)
     # bench/quality.py's vocabulary (4096): the class where the recipe was chosen.
-    shape = preset(shipped.model, vocab_size=4096, context=shipped.context, **shipped.shape())
+    micro_batch, context = keys["micro_batch"], keys["context"]
+    shape = preset(keys["model"], vocab_size=4096, context=context, **shipped.shape())
     model = GPT(shape).to(args.device)
     optimizer = build_optimizer(model, shipped)
-    x = torch.randint(0, 4096, (shipped.micro_batch, shipped.context)).to(args.device)
+    x = torch.randint(0, 4096, (micro_batch, context)).to(args.device)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     times: dict[str, list[float]] = {"fwd+bwd": [], "muon step": []}
     for _ in range(args.rounds * 5 + 2):
@@ -292,7 +290,7 @@ def recipe(args: argparse.Namespace) -> None:
         times["muon step"].append(time.perf_counter() - middle)
     fb, mu = (statistics.median(t[2:]) for t in times.values())  # two warm-ups dropped
     print(
-        f"recipe shape, {shipped.micro_batch} x {shipped.context}, fp32: "
+        f"recipe shape, {micro_batch} x {context}, fp32: "
         f"fwd+bwd {fb * 1e3:.2f} ms, "
         f"Muon step {mu * 1e3:.2f} ms ({100 * mu / (fb + mu):.1f}% of a step)"
     )
@@ -304,7 +302,7 @@ def recipe_compiled(args: argparse.Namespace) -> None:
 
     cfg = recipe_config(args, dtype="bf16", compile=True)
     summaries, _ = verify_resume(cfg, [args.split], keep=False, echo=lambda _: None)
-    print(f"\nverify-resume, --config recipe, bf16 + compile, {cfg.device}:")
+    print(f"\nverify-resume, --config recipe, bf16 + compile, {config_value(cfg, 'device')}:")
     print("\n".join(format_table(summaries)))
 
 
@@ -319,8 +317,8 @@ SECTIONS = {
 }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", default="small,main")
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -332,7 +330,11 @@ def main() -> None:
     ap.add_argument("--split", type=int, default=6)
     ap.add_argument("--sections", default=",".join(SECTIONS), help="which checks, in this order")
     ap.add_argument("--profile-out", default="gpu-profile", help="folder for the profile run")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: pass --device cpu for a smoke test")
     names = [n for n in args.sections.split(",") if n]

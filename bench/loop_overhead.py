@@ -14,22 +14,28 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from octlm.config.files import make_config
 from octlm.config.shape import preset
+from octlm.config.train import TrainConfig
 from octlm.model.gpt import GPT
 from octlm.runlog import read_log
 from octlm.trainer.inputs import resolve_data
 from octlm.trainer.loop import train
 from octlm.trainer.optim import build_optimizer
 
+if not __package__:  # run as `python bench/loop_overhead.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def octlm_step_times(cfg) -> list[float]:
+from bench.common import bench_config
+
+
+def octlm_step_times(cfg: TrainConfig) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg.replace(out=str(Path(tmp) / "run")))
         records = read_log(Path(tmp) / "run")
@@ -37,20 +43,22 @@ def octlm_step_times(cfg) -> list[float]:
     return [b - a for a, b in zip(elapsed[1:], elapsed[2:], strict=False)]  # skip warm-up step
 
 
-def bare_step_times(cfg, vocab_size: int, steps: int) -> list[float]:
-    torch.manual_seed(cfg.seed)
-    model = GPT(preset(cfg.model, vocab_size=vocab_size, context=cfg.context))
+def bare_step_times(cfg: TrainConfig, vocab_size: int, steps: int) -> list[float]:
+    keys = cfg.to_dict()  # flat keys, whatever sections the config class groups them in
+    torch.manual_seed(keys["seed"])
+    context, accum = keys["context"], keys["accum"]
+    model = GPT(preset(keys["model"], vocab_size=vocab_size, context=context))
     opt = build_optimizer(model, cfg)
-    x = torch.randint(0, vocab_size, (cfg.micro_batch, cfg.context))
-    y = torch.randint(0, vocab_size, (cfg.micro_batch, cfg.context))
-    n = cfg.accum * x.numel()
+    x = torch.randint(0, vocab_size, (keys["micro_batch"], context))
+    y = torch.randint(0, vocab_size, (keys["micro_batch"], context))
+    n = accum * x.numel()
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
-        for _ in range(cfg.accum):
+        for _ in range(accum):
             loss_sum, _ = model(x, y)
             (loss_sum / n).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), keys["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_sum.item()
@@ -58,33 +66,32 @@ def bare_step_times(cfg, vocab_size: int, steps: int) -> list[float]:
     return times[1:]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--context", type=int, default=128)
-    args = ap.parse_args()
-    cfg = make_config(
-        None,
-        model=args.model,
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    cfg = bench_config(
+        args.model,
         steps=args.steps + 2,
-        warmup=2,
-        lr=1e-3,
+        context=args.context,
         micro_batch=args.micro_batch,
         accum=args.accum,
-        context=args.context,
         dtype="fp32",
-        val_every=0,
-        ckpt_every=0,
-        progress=False,
-        device="cpu",
+        lr=1e-3,
     )
-    vocab = json.loads((resolve_data(cfg) / "manifest.json").read_text())["tokenizer"]["vocab_size"]
-    tokens = cfg.tokens_per_step
-    print(f"model {cfg.model}, {tokens} tokens/step, threads {torch.get_num_threads()}")
+    manifest = resolve_data(cfg) / "manifest.json"
+    vocab = json.loads(manifest.read_text())["tokenizer"]["vocab_size"]
+    tokens = args.micro_batch * args.accum * args.context
+    print(f"model {args.model}, {tokens} tokens/step, threads {torch.get_num_threads()}")
     ratios = []
     for r in range(args.rounds):
         a = statistics.median(octlm_step_times(cfg))

@@ -43,11 +43,15 @@ def held_bytes(mix: MixtureSampler, steps: range) -> int:
     return sum(stat.size_diff for stat in after.compare_to(before, "filename"))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--accum", type=int, default=1)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     held_bytes(sampler(WEIGHTS[0], args, "random"), range(2))  # first-call caches, not counted
     print("| weights | order | realised shares over 1,000 steps | largest gap | held after "
           "step 1,000 | held after step 1,000,000 |")  # fmt: skip

@@ -88,11 +88,15 @@ def measure(name: str, rounds: int) -> dict[str, float]:
     return med
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.rounds}")
     print(f"recipe: {recipe_muon()}")
     columns = "".join(f" {kind + ' ms':>10} {kind + ' share':>13}" for kind in OPTIMIZERS)

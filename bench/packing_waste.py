@@ -219,13 +219,17 @@ def speed(rounds: int, context: int, micro_batch: int) -> None:
     )
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("waste", "speed", "bos"), default="waste")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=8)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.part == "waste":
         waste_table()
     elif args.part == "bos":

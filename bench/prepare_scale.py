@@ -242,11 +242,8 @@ def _mb(path: Path) -> float:
 def _run_row(label: str, path: Path, run: Run) -> list[str]:
     phases = ", ".join(f"{k} {v:.1f}" for k, v in run.phases.items())
     head = [label, f"{_mb(path):,.0f}", f"{run.documents:,}", f"{run.tokens:,}"]
-    return (
-        head
-        + [f"{run.wall:.1f}", phases]
-        + [f"{mb:,.0f}" for mb in (run.main_mb, run.worker_mb, run.tree_mb)]
-    )
+    sizes = [f"{mb:,.0f}" for mb in (run.main_mb, run.worker_mb, run.tree_mb)]
+    return [*head, f"{run.wall:.1f}", phases, *sizes]
 
 
 def part_rss(args: argparse.Namespace, tok: Path) -> str:
@@ -357,7 +354,9 @@ def part_formats(args: argparse.Namespace, tok: Path) -> str:
     )
 
 
-def part_big(args: argparse.Namespace) -> str:
+def part_big(args: argparse.Namespace, _tok: Path) -> str:
+    """One big file, which trains its own tokenizer (so `_tok`, the parts' shared one, is not
+    used; the argument gives every part one signature)."""
     path = stories(SIZES_MB["big"] * args.scale)
     run = prepare([path], "--split-on", SEP, "--vocab-size", str(args.vocab_size))
     print(f"big: {run.brief()}", flush=True)
@@ -368,29 +367,30 @@ def part_big(args: argparse.Namespace) -> str:
     )
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every corpus size")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the interleaved timings")
     ap.add_argument("--part", choices=("all", "rss", "workers", "formats"), default="all")
     ap.add_argument("--big", action="store_true", help="also 1 GB x --scale end to end (minutes)")
     ap.add_argument("--vocab-size", type=int, default=32768)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     print(
         f"octlm prepare at scale: scale {args.scale}, {default_workers()} cores, Python "
         f"{platform.python_version()}, tokenizers {tokenizers.__version__}, cache {cache()}",
         flush=True,
     )
     tok = tokenizer(args)
-    parts = {"rss": part_rss, "workers": part_workers, "formats": part_formats}
+    parts = {"rss": part_rss, "workers": part_workers, "formats": part_formats, "big": part_big}
     tables = []
     for name, part in parts.items():
-        if args.part in ("all", name):
+        if args.big if name == "big" else args.part in ("all", name):  # --big: after the rest
             tables.append(part(args, tok))
             print(f"\n{tables[-1]}\n", flush=True)
-    if args.big:
-        tables.append(part_big(args))
-        print(f"\n{tables[-1]}\n", flush=True)
     command = " ".join(["python -m bench.prepare_scale", *sys.argv[1:]])
     print(f"\n---- markdown for docs/performance.md ----\n\n```\n{command}\n```\n")
     print("\n\n".join(tables))

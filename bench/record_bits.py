@@ -11,6 +11,7 @@ wall-clock `elapsed`). `compare` runs the same settings again and lists every di
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -130,9 +131,23 @@ def diff(a, b, where: str = "") -> list[str]:
     return [] if a == b else [f"{where}: {str(a)[:80]} != {str(b)[:80]}"]
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=("record", "compare"))
+    ap.add_argument("path", type=Path, help="the bits file: written by record, read by compare")
+    ap.add_argument(
+        "names", nargs="*", metavar="SETTING", help=f"settings (default all: {', '.join(SETTINGS)})"
+    )
+    return ap
+
+
 def main() -> int:
-    mode, path = sys.argv[1], Path(sys.argv[2])
-    names = sys.argv[3:] or list(SETTINGS)
+    args = build_parser().parse_args()
+    mode, path = args.mode, args.path
+    unknown = sorted(set(args.names) - set(SETTINGS))
+    if unknown:  # a typo would otherwise fail after minutes of training, with a KeyError
+        raise SystemExit(f"unknown setting(s) {unknown}: choose from {', '.join(SETTINGS)}")
+    names = args.names or list(SETTINGS)
     data = datasets()
     bits = {name: record_one(name, data) for name in names}
     if mode == "record":

@@ -165,12 +165,16 @@ def truncate_ms(src: Path, step: int, work: Path, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the trainer")
     ap.add_argument("--data", default=DATA)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
     data = str(Path(args.data).resolve())
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:

@@ -62,10 +62,14 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     ways = {
         "octlm write_safetensors": octlm_writer,
         "save_file + xxh3 read-back": save_file_and_hash,

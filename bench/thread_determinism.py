@@ -67,13 +67,17 @@ def spinner() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=50, help="fresh processes per variant")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--thread-runs", type=int, default=3, help="per count, in the 1-vs-2 part")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="thread-det-") as tmp:
         root = Path(tmp)

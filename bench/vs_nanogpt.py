@@ -390,7 +390,7 @@ def timed_rounds(args, checkout: Path, shape: Shape, variants: dict[str, list[st
         )
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout")
     ap.add_argument("--rounds", type=int, default=5)
@@ -405,7 +405,11 @@ def main() -> None:
     )
     ap.add_argument("--profile", action="store_true", help="op-group profile instead of timing")
     ap.add_argument("--profile-side", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     checkout = args.nanogpt.resolve()
     if not (checkout / "train.py").is_file() or not (checkout / "model.py").is_file():
         sys.exit(f"bench: {checkout} has no train.py and model.py: pass a nanoGPT checkout")

@@ -8,26 +8,25 @@ import numpy as np
 import pytest
 import torch
 
-from bench.quality import (
+from bench.quality import round_order, summary
+from bench.quality_data import (
     BenchError,
-    Side,
     bits_per_byte,
-    calibration,
     char_ids,
-    check_variants,
-    nanogpt_warmup,
-    octlm_warmup,
-    parse_variants,
     prepare_train_docs,
-    probe_estimate,
-    round_order,
-    size_steps,
     split_heldout,
     stream_nats,
-    summary,
     truncate_docs,
     windows,
 )
+from bench.quality_probe import (
+    calibration,
+    nanogpt_warmup,
+    octlm_warmup,
+    probe_estimate,
+    size_steps,
+)
+from bench.quality_runs import Side, check_variants, parse_variants
 from octlm.prepare.corpus import Document, embedded_documents
 
 

@@ -1,0 +1,55 @@
+"""What several benches share: the quiet short-run config they train with.
+
+A bench run times steps, so it validates and checkpoints never, prints no progress bar and
+warms up for 2 steps only; those keys were written out by each bench until they drifted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from octlm.config.files import make_config
+from octlm.config.train import TrainConfig
+
+QUIET = {"warmup": 2, "val_every": 0, "ckpt_every": 0, "progress": False}
+"""A bench run's keys beside its shape: no validation, checkpoint or progress bar between the
+steps it times, and a short warm-up so that a run of a few steps reaches its peak lr."""
+
+
+def bench_keys(
+    model: str | None = None,
+    *,
+    steps: int,
+    context: int | None = None,
+    micro_batch: int | None = None,
+    accum: int | None = None,
+    dtype: str | None = None,
+    out: str | Path | None = None,
+    device: str = "cpu",
+    **extra: Any,
+) -> dict[str, Any]:
+    """The flat `octlm train` keys of a quiet bench run (`QUIET`); a shape value left None is
+    the base's (the preset's, or the TOML's), so it is not written. `extra` comes last and
+    wins, None values included (some keys, e.g. `fused`, mean "auto" by None)."""
+    shape = {"model": model, "context": context, "micro_batch": micro_batch, "accum": accum}
+    shape |= {"dtype": dtype, "out": None if out is None else str(out)}
+    given = {k: v for k, v in shape.items() if v is not None}
+    return {**given, "steps": steps, "device": device, **QUIET, **extra}
+
+
+def bench_config(
+    model: str | None = None, *, base: str | Path | None = None, **keys: Any
+) -> TrainConfig:
+    """A TrainConfig of `bench_keys(model, **keys)`, built flat (`TrainConfig(**keys)`), or
+    over `base` (a shipped config's name such as "recipe", or a TOML path) when given."""
+    values = bench_keys(model, **keys)
+    if base is None:
+        return TrainConfig(**values)
+    return make_config(base, **values)
+
+
+def config_value(cfg: TrainConfig, key: str) -> Any:
+    """One flat setting of `cfg`. Read through `to_dict()`, whose keys stay flat while the
+    config class itself is being grouped into sections (its attributes may move)."""
+    return cfg.to_dict()[key]

@@ -1,0 +1,163 @@
+"""The benches under the house rules (tests/test_layout.py holds them for octlm/): every bench
+imports and builds its parser without running anything, no function over 60 lines nor file
+over 400, no private name imported across modules, no octlm internals patched, and every
+`python -m bench.NAME ...` command docs/performance.md cites still parses."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
+# A bench is a module run as a script; the others (bench/common.py, bench/quality_data.py, ...)
+# are the parts benches share or are split into.
+SCRIPTS = [m for m in MODULES if '__name__ == "__main__"' in (BENCH / f"{m}.py").read_text()]
+# As in tests/test_layout.py: a file over 400 lines is split by concept, or listed here with its
+# ceiling and the reason. These two were over before the rule reached bench/ (issue 49).
+LONG_FILES: dict[str, tuple[int, str]] = {
+    "checkpoint_io.py": (433, "not yet split: the writes, the snapshot and the log's shares"),
+    "vs_nanogpt.py": (433, "not yet split: the timed rounds and the op-group profile"),
+}
+COMMAND = re.compile(r"python (?:-m bench\.(\w+)|bench/(\w+)\.py)\b(.*)")
+PLACEHOLDER = re.compile(r"<[^>]*>|\$\w|\.\.\.")
+"""Shell placeholders a command line may hold (`<dir>`, `$OUT`, `...`): such a line is skipped."""
+
+
+def sources() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(BENCH.glob("*.py"))}
+
+
+def long_functions(text: str) -> dict[str, int]:
+    """Each function of `text` over MAX_FUNCTION_LINES lines, with its length."""
+    long = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                long[node.name] = lines
+    return long
+
+
+def private_imports(text: str) -> list[str]:
+    """`module.name` for each underscore name `text` imports from bench or octlm."""
+    bad = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("bench", "octlm")):
+            names = [a.name for a in node.names]
+            bad += [f"{node.module}.{n}" for n in names if n[0] == "_" and not n.startswith("__")]
+    return bad
+
+
+def doc_commands(doc: str) -> list[tuple[str, str]]:
+    """(bench, its arguments) of each `python -m bench.NAME ...` (or `python bench/NAME.py`)
+    in `doc`: a code block's line (a `\\` continues it, a `#` ends it) or an inline code span,
+    which may wrap over lines. Brackets around optional flags are dropped, so those parse too."""
+    doc = re.sub(r"\\\n\s*", " ", doc)
+    spans, prose, in_block = [], [], False
+    for line in doc.splitlines():
+        if line.lstrip().startswith("```"):
+            in_block = not in_block
+        elif in_block:
+            spans.append(line.split(" #", 1)[0])
+        else:
+            prose.append(line)
+    spans += re.findall(r"`([^`]+)`", " ".join(prose))
+    found = []
+    for span in spans:
+        match = COMMAND.search(span)
+        if match:
+            args = match.group(3).replace("[", " ").replace("]", " ")
+            found.append((match.group(1) or match.group(2), " ".join(args.split())))
+    return found
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_bench_module_imports(name: str) -> None:
+    importlib.import_module(f"bench.{name}")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_bench_builds_its_parser_without_running(name: str) -> None:
+    module = importlib.import_module(f"bench.{name}")
+    assert isinstance(module.build_parser(), argparse.ArgumentParser)
+
+
+def test_no_bench_function_is_over_60_lines() -> None:
+    long = {
+        f"{f}:{fn}": n for f, text in sources().items() for fn, n in long_functions(text).items()
+    }
+    assert long == {}
+
+
+def test_no_bench_file_is_over_400_lines() -> None:
+    sizes = {name: len(text.splitlines()) for name, text in sources().items()}
+    over = {n: s for n, s in sizes.items() if s > LONG_FILES.get(n, (MAX_FILE_LINES, ""))[0]}
+    assert over == {}
+
+
+def test_no_bench_imports_a_private_name_or_patches_octlm() -> None:
+    """A bench measures the product as it ships: through its public names, unpatched."""
+    assert {f: bad for f, text in sources().items() if (bad := private_imports(text))} == {}
+    assert [f for f, text in sources().items() if "mock.patch" in text] == []
+
+
+def test_the_rules_catch_what_they_forbid() -> None:
+    text = "from octlm.x import _y\n" + "def f():\n" + "    pass\n" * 61
+    assert long_functions(text) == {"f": 62}
+    assert private_imports(text) == ["octlm.x._y"]
+    doc = (
+        "```bash\nOMP_NUM_THREADS=1 .venv/bin/python -m bench.a --x 1 \\\n    --y 2  # note\n```\n"
+        "see `python bench/b.py\n--z [--w]` and `python -m bench.c <dir>`\n"
+    )
+    assert doc_commands(doc) == [("a", "--x 1 --y 2"), ("b", "--z --w"), ("c", "<dir>")]
+
+
+def test_the_commands_the_performance_doc_cites_still_parse() -> None:
+    commands = [c for c in doc_commands(PERFORMANCE.read_text()) if not PLACEHOLDER.search(c[1])]
+    assert len(commands) >= 20  # 26 today, none skipped: a broken extraction finds none
+    failed = []
+    for name, args in commands:
+        parser = importlib.import_module(f"bench.{name}").build_parser()
+        try:
+            parser.parse_args(shlex.split(args))
+        except SystemExit:
+            failed.append(f"python -m bench.{name} {args}")
+    assert failed == []
+
+
+def test_the_step_profile_splits_a_trace_by_its_labels() -> None:
+    """bench/step_mfu.py's table from a made-up trace of one step: a labelled forward holding a
+    matmul, the autograd engine's backward, torch.optim's step, an unlabelled read and time in
+    no op at all (microseconds: window 100, ops 80)."""
+    from bench.step_mfu import phase_table
+
+    def op(name: str, ts: float, dur: float) -> dict:
+        return {"name": name, "ts": ts, "dur": dur, "tid": 1}
+
+    events = [
+        op("octlm::forward", 0, 30),
+        op("aten::mm", 5, 20),
+        op("autograd::engine::evaluate_function: MmBackward0", 30, 30),
+        op("Optimizer.step#AdamW.step", 60, 15),
+        op("aten::item", 80, 5),
+    ]
+    table = phase_table(events, window_us=100.0, steps=1)
+    assert table["ms"] == {
+        "octlm::forward": 0.03,
+        "backward": 0.03,
+        "optimizer": 0.015,
+        "no label": 0.005,
+    }
+    assert abs(table["no_op"] - 0.02) < 1e-12 and table["window"] == 0.1
+    assert table["items_per_step"] == {"no label": 1}
+    assert table["top"] == [("aten::item [no label]", 0.005, 1)]
