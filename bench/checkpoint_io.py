@@ -56,7 +56,6 @@ from octlm.model.gpt import GPT
 from octlm.runlog import read_log
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.loop import advance, train
-from octlm.trainer.optim import build_optimizer
 from octlm.trainer.run import Run, build_run
 from octlm.trainer.saver import BackgroundSaver
 from octlm.trainer.state import rng_state_dict
@@ -65,6 +64,7 @@ if not __package__:  # run as `python bench/checkpoint_io.py`: make `bench` impo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import DATA
+from bench.common import optimizer_for
 
 SEED_STEPS, SEED_VAL_EVERY, SEED_CKPT_EVERY = 440, 20, 40
 SEED_STEP_SECONDS = 524_288 / 99_500  # the shipped small config: ~99,500 tokens/s on the seed's GPU
@@ -102,7 +102,7 @@ def seed_small_state(meta: dict) -> tuple[dict, dict[str, torch.Tensor], float]:
     meta), and the median seconds that gathering and packing take."""
     torch.manual_seed(0)
     model = GPT(preset("small", context=128))
-    opt = build_optimizer(model, make_config(None, model="small"))
+    opt = optimizer_for(model, make_config(None, model="small"))
     x = torch.randint(0, model.config.vocab_size, (1, 128))
     loss, _ = model(x, x)
     loss.backward()

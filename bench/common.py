@@ -49,7 +49,9 @@ def bench_config(
     return make_config(base, **values)
 
 
-def config_value(cfg: TrainConfig, key: str) -> Any:
-    """One flat setting of `cfg`. Read through `to_dict()`, whose keys stay flat while the
-    config class itself is being grouped into sections (its attributes may move)."""
-    return cfg.to_dict()[key]
+def optimizer_for(model: Any, cfg: TrainConfig) -> Any:
+    """The run's optimizer as `build_run` builds it: the optimizer section, the schedule's peak
+    as the starting rate."""
+    from octlm.trainer.optim import build_optimizer
+
+    return build_optimizer(model, cfg.optim, cfg.lr_schedule.lr)

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 from bench.chaos import checkpoint_step, last_logged_step, straight_reference, unlisted, verdict
-from bench.common import config_value
 from octlm.config.files import make_config
 from octlm.tools import subrun
 
@@ -108,7 +107,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="octlm-elastic-", dir=args.workdir))
     t0 = time.time()
     cfg = make_config(args.config, steps=args.steps, ckpt_every=args.ckpt_every)
-    accum = max(1, config_value(cfg, "accum") // args.nproc)
+    accum = max(1, cfg.inputs.accum // args.nproc)
     cfg = cfg.replace(parallel=args.parallel, accum=accum)
     config = subrun.write_config(cfg, root / "config.toml")
     nproc = ("--nproc", str(args.nproc))

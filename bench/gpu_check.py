@@ -59,7 +59,7 @@ from octlm.trainer.loop import train
 if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bench_config, config_value
+from bench.common import bench_config, optimizer_for
 
 VARIANTS = {
     "bf16": {"fused": False},
@@ -261,7 +261,6 @@ def recipe(args: argparse.Namespace) -> None:
     """The shipped recipe on the device as shipped (fp32): verify-resume, then Muon's step
     time beside a forward and backward (bench/muon_cost.py's measure, at the recipe's shape)."""
     from octlm.tools.verify import format_table, verify_resume
-    from octlm.trainer.optim import build_optimizer
 
     shipped = recipe_config(args)
     summaries, _ = verify_resume(shipped, [args.split], keep=False, echo=lambda _: None)
@@ -271,9 +270,9 @@ def recipe(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     # bench/quality.py's vocabulary (4096): the class where the recipe was chosen.
     micro_batch, context = keys["micro_batch"], keys["context"]
-    shape = preset(keys["model"], vocab_size=4096, context=context, **shipped.shape())
+    shape = preset(keys["model"], vocab_size=4096, context=context, **shipped.shape.resolved())
     model = GPT(shape).to(args.device)
-    optimizer = build_optimizer(model, shipped)
+    optimizer = optimizer_for(model, shipped)
     x = torch.randint(0, 4096, (micro_batch, context)).to(args.device)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     times: dict[str, list[float]] = {"fwd+bwd": [], "muon step": []}
@@ -302,7 +301,7 @@ def recipe_compiled(args: argparse.Namespace) -> None:
 
     cfg = recipe_config(args, dtype="bf16", compile=True)
     summaries, _ = verify_resume(cfg, [args.split], keep=False, echo=lambda _: None)
-    print(f"\nverify-resume, --config recipe, bf16 + compile, {config_value(cfg, 'device')}:")
+    print(f"\nverify-resume, --config recipe, bf16 + compile, {cfg.hardware.device}:")
     print("\n".join(format_table(summaries)))
 
 

@@ -27,12 +27,11 @@ from octlm.model.gpt import GPT
 from octlm.runlog import read_log
 from octlm.trainer.inputs import resolve_data
 from octlm.trainer.loop import train
-from octlm.trainer.optim import build_optimizer
 
 if not __package__:  # run as `python bench/loop_overhead.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bench_config
+from bench.common import bench_config, optimizer_for
 
 
 def octlm_step_times(cfg: TrainConfig) -> list[float]:
@@ -48,7 +47,7 @@ def bare_step_times(cfg: TrainConfig, vocab_size: int, steps: int) -> list[float
     torch.manual_seed(keys["seed"])
     context, accum = keys["context"], keys["accum"]
     model = GPT(preset(keys["model"], vocab_size=vocab_size, context=context))
-    opt = build_optimizer(model, cfg)
+    opt = optimizer_for(model, cfg)
     x = torch.randint(0, vocab_size, (keys["micro_batch"], context))
     y = torch.randint(0, vocab_size, (keys["micro_batch"], context))
     n = accum * x.numel()

@@ -24,11 +24,11 @@ import tomllib
 
 import torch
 
+from bench.common import optimizer_for
 from octlm.config.files import SHIPPED_CONFIGS
 from octlm.config.shape import preset
 from octlm.config.train import TrainConfig
 from octlm.model.gpt import GPT
-from octlm.trainer.optim import build_optimizer
 
 RECIPE_MUON_KEYS = ("muon_lr", "muon_momentum", "muon_ns_steps", "muon_gram", "muon_ns_dtype")
 OPTIMIZERS = ("adamw", "muon", "recipe")
@@ -59,9 +59,9 @@ def measure(name: str, rounds: int) -> dict[str, float]:
     model = GPT(preset("small", vocab_size=vocab, context=context))
     cfg = TrainConfig(model="small", context=context, micro_batch=micro, accum=accum)
     optimizers = {
-        "adamw": build_optimizer(model, cfg),
-        "muon": build_optimizer(model, cfg.replace(optimizer="muon")),
-        "recipe": build_optimizer(model, cfg.replace(optimizer="muon", **recipe_muon())),
+        "adamw": optimizer_for(model, cfg),
+        "muon": optimizer_for(model, cfg.replace(optimizer="muon")),
+        "recipe": optimizer_for(model, cfg.replace(optimizer="muon", **recipe_muon())),
     }
     x = torch.randint(0, vocab, (micro, context))
 

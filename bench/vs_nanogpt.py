@@ -250,9 +250,10 @@ def profile_side(side: str, checkout: Path, shape: Shape, threads: int) -> dict[
     """Milliseconds per step by op group for one side (run in its own process)."""
     from torch.profiler import record_function
 
+    from bench.common import optimizer_for
     from octlm.config.files import make_config
     from octlm.device import keep_freed_host_memory
-    from octlm.trainer.optim import build_optimizer, clip_grad_norm
+    from octlm.trainer.optim import clip_grad_norm
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -270,7 +271,7 @@ def profile_side(side: str, checkout: Path, shape: Shape, threads: int) -> dict[
         vocab = OCTLM_VOCAB
         model = GPT(octlm_model_config(shape))
         fused = None if side == "octlm" else False
-        opt = build_optimizer(model, make_config(None, context=shape.context, fused=fused))
+        opt = optimizer_for(model, make_config(None, context=shape.context, fused=fused))
 
         def loss_of(x, y):
             loss_sum, n = model(x, y)
