@@ -94,27 +94,28 @@ def find_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool)
         return None
     path = run_dir / ckpt.CKPT_DIR / header["file"]
     failed: RankError | None = None
+    read: tuple[ckpt.CheckpointInfo, dict[str, torch.Tensor]] | None = None
     if info.is_main:
         assert found is not None
-        meta, tensors = found.info.meta, found.tensors
+        read = found.info, found.tensors
     elif fsdp:
-        meta, tensors = header["meta"], _placeholders(header["large"])
+        read = ckpt.parse_info(path, header["meta"]), _placeholders(header["large"])
     else:
-        meta, tensors = {}, {}
         try:
-            read, tensors = ckpt.load_checkpoint(path, header["checksum"])
-            meta = read.meta
+            read = ckpt.load_checkpoint(path, header["checksum"])
         except ckpt.CheckpointError as exc:
             failed = RankError(f"rank {info.rank}: {exc.problem}", exc.fix)
     if agree(failed is not None, info, device):
         raise failed or ckpt.CheckpointError(  # printed by rank 0; the rank itself says why
             f"another rank could not read {path}", "make the run folder readable on every node"
         )
+    assert read is not None
+    checkpoint, tensors = read
     if fsdp:  # sorted names: every rank sends and receives in the same order
         for name, (dtype, shape) in sorted(header["small"].items()):
             held = tensors[name] if info.is_main else torch.empty(shape, dtype=_dtype(dtype))
             tensors[name] = broadcast_tensor(held, info, device)
-    return Found(ckpt.CheckpointInfo(path, meta), header["checksum"], tensors, header["notes"])
+    return Found(checkpoint, header["checksum"], tensors, header["notes"])
 
 
 def settle(
@@ -187,7 +188,7 @@ def _header(found: Found | None, problem: list[str] | None, fsdp: bool) -> dict[
             k: [str(v.dtype).removeprefix("torch."), list(v.shape)]
             for k, v in found.tensors.items()
         }
-        header["meta"] = found.info.meta
+        header["meta"] = found.info.as_written()
         header["large"] = {k: v for k, v in specs.items() if _sharded(k, found.tensors[k])}
         header["small"] = {k: v for k, v in specs.items() if k not in header["large"]}
     return header

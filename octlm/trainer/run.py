@@ -390,6 +390,6 @@ def resume(run: Run) -> tuple[Path, list[str]] | None:
     found, run.start = run.start, None  # its tensors are not kept beside the loaded ones
     if found is None:
         return None
-    state = ckpt.unpack(found.info.meta, found.tensors)  # type: ignore[arg-type]
+    state = found.info.run_state(found.tensors)
     notes = run.notes + found.notes + check_resumable(run, state)
     return found.path, notes + run.load_state_dict(state)
