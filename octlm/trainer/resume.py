@@ -5,9 +5,11 @@ every decision a resume makes.
 folder, before anything is built. Its answer feeds, in order, the settings that must match the
 checkpoint before any part is built (`settle`: defaults that changed after the run began, the
 accumulation under another process count), `plan_init` (a resume takes the shape from the
-checkpoint, not from the `--init-from` source), and finally `Run.load_state_dict`. So the plan
-and the state always come from the same file, even when the newest one is damaged and an older
-one, written with other settings, is used instead (tests/e2e/test_resume_selection.py).
+checkpoint, not from the `--init-from` source, and checks a `--model` flag against it), and
+finally `Run.load_state_dict`. So the plan and the state always come from the same file, even
+when the newest one is damaged and an older one, written with other settings, is used instead
+(tests/e2e/test_distributed.py,
+`test_a_damaged_newest_checkpoint_of_another_world_resumes_with_the_older_ones_settings`).
 
 Rank 0 picks the newest intact checkpoint (falling back past damaged ones, with a note each)
 and tells the others its name and checksum, so no rank can start from another step than its

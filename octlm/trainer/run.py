@@ -247,8 +247,9 @@ def write_checkpoint(
         ckpt.save_snapshot(out, step, ckpt.model_weights(tensors), header)
 
 
-def build_run(cfg: TrainConfig) -> Run:
-    """Join the process group, then build every part in the order the bits depend on."""
+def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
+    """Join the process group, then build every part in the order the bits depend on.
+    `model_flag`: `--model` was typed for this run (`plan_init` checks it against the shape)."""
     dist, device = init_distributed(cfg.device, cfg.dist_timeout)
     check_shared_folder(Path(cfg.out), dist, device)  # before any rank reads a checkpoint
     # The one checkpoint a resume reads: the settings, the shape and the state all come from it.
@@ -261,7 +262,9 @@ def build_run(cfg: TrainConfig) -> Run:
         keep_freed_host_memory()
     configure_determinism(cfg.deterministic, device)
     data_dir, dataset, tokenizer = open_data(cfg)
-    init = plan_init(cfg, tokenizer, resumed)  # reads the --init-from source unless resuming
+    # Reads the --init-from source unless resuming; a --model flag is checked against the shape
+    # the run starts from: the source's, or the checkpoint found above's (not read again).
+    init = plan_init(cfg, tokenizer, resumed, model_flag)
     model_config, model = _build_model(cfg, tokenizer, init)
     model = model.to(device)
     model.activation_checkpointing = cfg.activation_checkpointing
