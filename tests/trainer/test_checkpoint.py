@@ -35,6 +35,7 @@ from octlm.trainer.checkpoint import (
     optimizer_from_flat,
     optimizer_to_flat,
     pack,
+    parse_info,
     read_latest,
     save_checkpoint,
     split_tensors,
@@ -484,3 +485,16 @@ def test_golden_v1_checkpoint_unpacks_and_repacks_to_the_same_entries() -> None:
     assert json.loads(json.dumps(again_meta)) == {
         k: v for k, v in meta.items() if k not in ("format", "format_version")
     }
+
+
+def test_a_files_metadata_is_parsed_once_into_fields_and_handed_out_as_a_copy() -> None:
+    parts = [{"file": "/m/step_000002.safetensors"}, {"file": "/m/step_000004.safetensors"}]
+    meta = {"train_state": {"step": 4}, "merged_from": parts}  # a merge's snapshot header
+    info = parse_info(Path("model.safetensors"), meta)
+    assert (info.step, info.world, info.config, info.fingerprints) == (4, 1, None, {})
+    assert info.merged_from == (Path(parts[0]["file"]), Path(parts[1]["file"]))
+    written = info.as_written()
+    written["train_state"]["step"] = 9  # the caller's copy: the view keeps what the file says
+    assert info.as_written() == meta and info.step == 4
+    with pytest.raises(CheckpointError, match="bad.safetensors has corrupt octlm metadata"):
+        parse_info(Path("bad.safetensors"), {"world": "two"})
