@@ -79,7 +79,7 @@ if phase == "load":  # a fresh process, so no memory freed by the gather is reus
         found = load_newest_valid(run_dir)
     else:
         found = find_agreed(run_dir, info, torch.device("cpu"), fsdp=True)
-    loaded = ckpt.unpack(found.info.meta, found.tensors)
+    loaded = found.info.run_state(found.tensors)
     names = param_names(model, opt)
     load_full_state(model, opt, loaded["model"], loaded["optimizer"], info, "fsdp", names)
     result.update(load_peak_mb=status("VmHWM") - base, read_mb=read_mb() - read0,

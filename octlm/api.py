@@ -90,7 +90,9 @@ def load(run: str | Path, device: str = "cpu", data: str | Path | None = None) -
     if data is not None:
         checks.check_path("data", data)
     model, info = load_model(run, device=device)
-    return LoadedRun(model, run_tokenizer(info, data), {**info.meta, "path": str(info.path)})
+    return LoadedRun(
+        model, run_tokenizer(info, data), {**info.as_written(), "path": str(info.path)}
+    )
 
 
 def generate(

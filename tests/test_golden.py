@@ -99,7 +99,7 @@ def test_committed_checkpoint_checksum_and_bytes_are_reproduced_by_todays_writer
     path, checksum = find_checkpoint(GOLDEN / "run")
     assert file_checksum(path) == checksum
     read, tensors = load_checkpoint(path, checksum)
-    meta = read.meta
+    meta = read.as_written()
     again = tmp_path / path.name
     assert write_safetensors(again, tensors, _header(path)["__metadata__"]) == checksum
     assert again.read_bytes() == path.read_bytes()
@@ -132,7 +132,7 @@ def test_control_v1_run_resumed_with_wiped_moments_ends_elsewhere(v1_here, tmp_p
     expected = json.loads((folder / "expected.json").read_text())
     path, checksum = find_checkpoint(folder / "run")
     read, tensors = load_checkpoint(path, checksum)
-    meta = read.meta
+    meta = read.as_written()
     wiped = {k: (torch.zeros_like(v) if k.startswith("optim.") else v) for k, v in tensors.items()}
     header = {k: v for k, v in meta.items() if k not in ("format", "format_version")}
     save_checkpoint(folder / "run", 6, header, wiped)

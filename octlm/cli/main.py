@@ -72,7 +72,6 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from octlm.trainer.distributed import launched_by_torchrun
-    from octlm.trainer.init_from import check_preset
     from octlm.trainer.loop import train
 
     if args.print_config:  # checked and resolved, nothing built: --out is not touched
@@ -92,8 +91,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return launch(spec, sys.argv[1:], Path(cfg.run.out), args.requeue_exit_code)
     if restart_resumes():  # the elastic agent restarted the group after a failure
         cfg = cfg.replace(resume=True)
-    check_preset(cfg, args.model)  # a --model flag must have the source's shape
-    result = train(cfg, hard_exit=True)
+    # A --model flag must have the shape the run starts from: checked in the run, against the
+    # --init-from source or the checkpoint it resumes.
+    result = train(cfg, hard_exit=True, model_flag=args.model is not None)
     if (
         args.requeue_exit_code is not None
         and result.stop_signal in REQUEUE_SIGNALS

@@ -44,10 +44,9 @@ def load_model(run_or_ckpt: str | Path, device: str = "cpu") -> tuple[GPT, ckpt.
 def merged_last(info: ckpt.CheckpointInfo) -> Path | None:
     """The newest file a merge (`octlm merge`) was made of, to compare it with; None for a
     model that is not a merge, or whose sources are gone."""
-    parts = info.meta.get("merged_from")
-    if not parts:
+    if not info.merged_from:
         return None
-    newest = Path(parts[-1]["file"])
+    newest = info.merged_from[-1]
     return newest if newest.is_file() else None
 
 

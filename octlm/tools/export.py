@@ -165,11 +165,10 @@ def export_safetensors(run_or_ckpt: str | Path, out: str | Path, *, force: bool 
     from safetensors.torch import save_file
 
     from octlm.generation.trained import load_weights
-    from octlm.trainer.checkpoint import snapshot_header
 
     target = out if out.suffix == ".safetensors" else out / SAFETENSORS_NAME
     info, weights = load_weights(run_or_ckpt)
-    header = snapshot_header(info.meta)
+    header = info.snapshot_header()
     tensors = {name: t.detach().contiguous() for name, t in weights.items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(

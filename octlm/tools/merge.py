@@ -45,23 +45,23 @@ def merge(
     """Write the weighted float32 mean of `sources` to `out`; (weights file, its hash)."""
     weights = [1.0] * len(sources) if weights is None else weights
     _check(sources, weights, out, force)
-    metas, total, step_of = [], None, []
+    infos: list[ckpt.CheckpointInfo] = []
+    total = None
     for (path, checksum), weight in zip(sources, weights, strict=True):
         info, tensors = ckpt.load_checkpoint(path, checksum)
         model = {name: t.float() for name, t in ckpt.model_weights(tensors).items()}
         if total is None:
             total = {name: torch.zeros_like(t) for name, t in model.items()}
-        _same_model(metas[0] if metas else info.meta, info.meta, total, model, path)
+        _same_model(infos[0] if infos else info, info, total, model)
         # Summed oldest first, in float32, then divided once: the merge's bits are a function
         # of the files and weights alone (the order is fixed, no reduction kernel chooses one).
         # Multiplied, then added: add_'s alpha may fuse the two into one rounding on some CPUs.
         for name, t in model.items():
             total[name].add_(t * weight)
-        metas.append(info.meta)
-        step_of.append(info.step)
+        infos.append(info)
     assert total is not None
     merged = {name: (t / math.fsum(weights)).contiguous() for name, t in total.items()}
-    return _write(out, merged, metas[-1], sources, weights, step_of)
+    return _write(out, merged, infos, weights)
 
 
 def compare_with_last(out: Path, last: Path, batches: int, micro_batch: int = 16) -> dict:
@@ -104,15 +104,18 @@ def _check(
 
 
 def _same_model(
-    first: dict, meta: dict, total: dict[str, torch.Tensor], model: dict, path: Path
+    first: ckpt.CheckpointInfo,
+    info: ckpt.CheckpointInfo,
+    total: dict[str, torch.Tensor],
+    model: dict,
 ) -> None:
     """One model shape across the sources: the same config and the same tensors."""
     shapes = {name: tuple(t.shape) for name, t in total.items()}
-    if first.get("model_config") != meta.get("model_config") or shapes != {
+    if first.model_config != info.model_config or shapes != {
         name: tuple(t.shape) for name, t in model.items()
     }:
         raise OctlmError(
-            f"{path} holds a model of another shape than the first checkpoint's",
+            f"{info.path} holds a model of another shape than the first checkpoint's",
             "merge checkpoints of one model shape (one run, or runs of the same shape)",
         )
 
@@ -120,19 +123,17 @@ def _same_model(
 def _write(
     out: Path,
     merged: dict[str, torch.Tensor],
-    newest: dict,
-    sources: list[tuple[Path, str | None]],
+    infos: list[ckpt.CheckpointInfo],
     weights: list[float],
-    steps: list[int],
 ) -> tuple[Path, str]:
     from safetensors.torch import save_file
 
     digest = weights_sha256(merged)
     parts = [
-        {"file": str(path.resolve()), "step": step, "weight": weight}
-        for (path, _), step, weight in zip(sources, steps, weights, strict=True)
+        {"file": str(info.path.resolve()), "step": info.step, "weight": weight}
+        for info, weight in zip(infos, weights, strict=True)
     ]
-    header = {**ckpt.snapshot_header(newest), "merged_from": parts}
+    header = {**infos[-1].snapshot_header(), "merged_from": parts}
     out.mkdir(parents=True, exist_ok=True)
     target = out / ckpt.WEIGHTS_FILE
     metadata = {"format": "pt", "octlm": json.dumps(header)}

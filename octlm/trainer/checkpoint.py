@@ -12,10 +12,11 @@ and gets it back from `unpack`, in the v1 layout of octlm 0.1: every run folder 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -49,9 +50,24 @@ class CheckpointError(OctlmError):
 MODEL, OPTIMIZER, SCALER, TRAIN_STATE, SAMPLER, RNG = ("model", "optimizer", "scaler", "train_state", "sampler", "rng")  # noqa: E501  # fmt: skip
 MODEL_PREFIX, OPTIM_PREFIX = "model.", "optim."
 SNAPSHOT_FORMAT = "octlm-snapshot"
-# What a run is, beside its state: checked on resume, copied into snapshots and the log header.
-IDENTITY_KEYS = ("fingerprints", "trajectory", "config", "model_config", "data_dir", "build")
-IDENTITY_KEYS += ("world", "init_from")
+
+
+class RunIdentity(TypedDict):
+    """What a run is, beside its state: checked on resume, copied into snapshots and the log
+    header. Both `RunState` and `CheckpointMeta` hold these keys."""
+
+    fingerprints: dict[str, str]
+    trajectory: dict[str, Any]
+    config: dict[str, Any]
+    model_config: dict[str, Any]
+    data_dir: str
+    build: dict[str, Any]
+    world: int
+    init_from: dict[str, Any] | None
+
+
+# The order `pack` writes them in a file's metadata: reordering the fields changes its bytes.
+IDENTITY_KEYS = tuple(RunIdentity.__annotations__)
 OPTIONAL_KEYS = ("init_from",)  # written only when set: other runs' files keep the v1 layout
 
 
@@ -61,7 +77,7 @@ def rng_prefix(rank: int) -> str:
     return "rng." if rank == 0 else f"rng{rank}."
 
 
-class RunState(TypedDict):
+class RunState(RunIdentity):
     """A run's whole state as its parts give it (`part.state_dict()`), tensors included."""
 
     model: dict[str, torch.Tensor]
@@ -72,19 +88,12 @@ class RunState(TypedDict):
     sampler: dict[str, Any]
     rng: list[dict[str, Any]]
     """Every rank's generators, in rank order."""
-    fingerprints: dict[str, str]
-    trajectory: dict[str, Any]
-    config: dict[str, Any]
-    model_config: dict[str, Any]
-    data_dir: str
-    build: dict[str, Any]
-    world: int
-    init_from: dict[str, Any] | None
 
 
-class CheckpointMeta(TypedDict, total=False):
+class CheckpointMeta(RunIdentity, total=False):
     """The JSON metadata of a v1 checkpoint file (`format*` are added when it is written):
-    RunState's keys with the tensors taken out, rank 0's generators under `rng`."""
+    RunState's keys with the tensors taken out, rank 0's generators under `rng`. Files written
+    before `world` existed lack it, and `init_from` is there only when set."""
 
     train_state: dict[str, Any]
     sampler: dict[str, Any]
@@ -92,14 +101,6 @@ class CheckpointMeta(TypedDict, total=False):
     """{"param_groups": [...], "scalars": {index: {key: non-tensor value}}}"""
     scaler: dict[str, Any] | None
     rng: dict[str, Any]
-    fingerprints: dict[str, str]
-    trajectory: dict[str, Any]
-    config: dict[str, Any]
-    model_config: dict[str, Any]
-    data_dir: str
-    build: dict[str, Any]
-    world: int
-    init_from: dict[str, Any] | None
     rng_ranks: list[dict[str, Any]]
     format: str
     format_version: int
@@ -107,50 +108,57 @@ class CheckpointMeta(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a checkpoint (or snapshot) file says about its run, for every reader: the defaults
-    of files written before a key existed are applied here, once. `meta` is the metadata as
-    written (`unpack` reads it whole)."""
+    """What a checkpoint (or snapshot) file says about its run, parsed once (`parse_info`) for
+    every reader, the defaults of files written before a key existed applied. The metadata as
+    written stays private to this module's readers (`run_state`, `snapshot_header`)."""
 
     path: Path
-    meta: dict[str, Any]
+    step: int
+    world: int
+    model_config: dict[str, Any] | None
+    config: dict[str, Any] | None
+    """The run's settings (None in a snapshot); keys added since the file was written take
+    their default, which is what such runs did (new settings join off their default)."""
+    trajectory: dict[str, Any]
+    fingerprints: dict[str, str]
+    data_dir: str | None
+    init_from: dict[str, Any] | None
+    merged_from: tuple[Path, ...]
+    """The files `octlm merge` averaged into it, oldest first; () when it is not a merge."""
+    _meta: dict[str, Any] = field(repr=False)
 
-    @property
-    def step(self) -> int:
-        return int((self.meta.get(TRAIN_STATE) or {}).get("step", 0))
+    def as_written(self) -> dict[str, Any]:
+        """A copy of the metadata as written: `octlm.load`'s `meta`, which users index by key."""
+        return copy.deepcopy(self._meta)
 
-    @property
-    def world(self) -> int:
-        return int(self.meta.get("world", 1))  # written before multi-process runs: one
+    def run_state(self, tensors: dict[str, torch.Tensor]) -> RunState:
+        """The run state the file holds, with its `tensors` (`unpack`)."""
+        return unpack(self._meta, tensors)  # type: ignore[arg-type]
 
-    @property
-    def model_config(self) -> dict[str, Any] | None:
-        config = self.meta.get("model_config")
-        return config if isinstance(config, dict) else None
+    def snapshot_header(self) -> dict[str, Any]:
+        """The metadata of a weights-only snapshot of the file's model (`snapshot_header`)."""
+        return snapshot_header(self._meta)
 
-    @property
-    def config(self) -> dict[str, Any] | None:
-        """The run's settings (None in a snapshot); keys added since the file was written take
-        their default, which is what such runs did (new settings join off their default)."""
-        saved = self.meta.get("config")
-        if not isinstance(saved, dict):
-            return None
-        return {**default_values(), **saved}
 
-    @property
-    def trajectory(self) -> dict[str, Any]:
-        return dict(self.meta.get("trajectory") or {})
-
-    @property
-    def fingerprints(self) -> dict[str, str]:
-        return dict(self.meta.get("fingerprints") or {})
-
-    @property
-    def data_dir(self) -> str | None:
-        return self.meta.get("data_dir")
-
-    @property
-    def init_from(self) -> dict[str, Any] | None:
-        return self.meta.get("init_from")
+def parse_info(path: Path, meta: dict[str, Any]) -> CheckpointInfo:
+    """The typed view of the metadata `meta` read from `path` (checked by `load_checkpoint`)."""
+    saved, shape = meta.get("config"), meta.get("model_config")
+    try:
+        return CheckpointInfo(
+            path=path,
+            step=int((meta.get(TRAIN_STATE) or {}).get("step", 0)),
+            world=int(meta.get("world", 1)),  # written before multi-process runs: one
+            model_config=shape if isinstance(shape, dict) else None,
+            config={**default_values(), **saved} if isinstance(saved, dict) else None,
+            trajectory=dict(meta.get("trajectory") or {}),
+            fingerprints=dict(meta.get("fingerprints") or {}),
+            data_dir=meta.get("data_dir"),
+            init_from=meta.get("init_from"),
+            merged_from=tuple(Path(part["file"]) for part in meta.get("merged_from") or []),
+            _meta=meta,
+        )
+    except (AttributeError, KeyError, TypeError, ValueError):  # hand-made or damaged values
+        raise CheckpointError(f"{path} has corrupt octlm metadata", "use another file") from None
 
 
 def flatten(tree: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -411,7 +419,7 @@ def load_checkpoint(
             f"{FORMAT_VERSION}",
             "upgrade octlm",
         )
-    return CheckpointInfo(path, meta), tensors
+    return parse_info(path, meta), tensors
 
 
 def split_tensors(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -28,7 +28,6 @@ from octlm.model.hf import layers_held, model_config_from_hf, octlm_state_dict
 from octlm.runlog import LOG_NAME
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
-from octlm.trainer.resume import load_newest_valid
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HF_CONFIG, HF_WEIGHTS, HF_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
@@ -222,26 +221,27 @@ class InitPlan:
     notes: list[str]
 
 
-def _resumed_shape(cfg: TrainConfig) -> dict[str, Any] | None:
-    """The shape of the checkpoint --resume will load (it wins over the source): the same
-    file `build_run` picks, by the same rule."""
-    found = load_newest_valid(Path(cfg.run.out)) if cfg.run.resume else None
-    return found.info.model_config if found is not None else None
-
-
 def plan_init(
-    cfg: TrainConfig, tokenizer: Tokenizer, resumed: ckpt.CheckpointInfo | None
+    cfg: TrainConfig,
+    tokenizer: Tokenizer,
+    resumed: ckpt.CheckpointInfo | None,
+    model_flag: bool = False,
 ) -> InitPlan | None:
     """What --init-from gives the run (None without it). A resume takes the shape and the
     source's record from the checkpoint it loads (`resumed`), so a source moved or changed
-    since cannot change a resumed run, and the run resumes bit-exactly."""
+    since cannot change a resumed run, and the run resumes bit-exactly. `model_flag`: `--model`
+    was typed for this run, and must have the shape it starts from (`check_preset_shape`)."""
     if cfg.run.init_from is None:
         return None
     if resumed is not None and resumed.model_config is not None:
+        if model_flag:
+            check_preset_shape(cfg, resumed.model_config)
         note = f"--resume found a checkpoint: it wins, --init-from {cfg.run.init_from} is not read"
         model_config = model_config_for(resumed.model_config, cfg, tokenizer)
         return InitPlan(model_config, None, resumed.init_from, [note])
     source = read_source(cfg.run.init_from)
+    if model_flag:
+        check_preset_shape(cfg, source.shape)
     check_shape_keys(cfg, source.shape)
     model_config = model_config_for(source.shape, cfg, tokenizer)  # the vocabulary first
     check_tokenizer(source.record, tokenizer)
@@ -261,15 +261,20 @@ def check_shape_keys(cfg: TrainConfig, shape: dict[str, Any]) -> None:
 
 
 def check_preset(cfg: TrainConfig, model_flag: str | None) -> None:
-    """A `--model` flag given with --init-from must have the source's shape (vocabulary and
-    context aside: the data and --context decide those). A preset from a config file yields to
-    the source: a config (a shipped one, or the file a tool writes for its runs) sets a preset
-    along with everything else, and its other settings are what the user wants; only a flag
-    typed for this run is a statement about this run's shape."""
-    if cfg.run.init_from is None or model_flag is None:
-        return
-    resumed = _resumed_shape(cfg)
-    shape = resumed if resumed is not None else read_source(cfg.run.init_from).shape
+    """`octlm sweep` and `verify-resume` with --init-from: their runs read a config file, whose
+    preset yields to the source, so a `--model` flag is checked here, against the source,
+    before any run starts (`octlm train` checks it in the run: `plan_init`)."""
+    if cfg.run.init_from is not None and model_flag is not None:
+        check_preset_shape(cfg, read_source(cfg.run.init_from).shape)
+
+
+def check_preset_shape(cfg: TrainConfig, shape: dict[str, Any]) -> None:
+    """A `--model` flag given with --init-from must have the shape the run starts from, the
+    source's or the resumed checkpoint's (vocabulary and context aside: the data and --context
+    decide those). A preset from a config file yields to the source: a config (a shipped one, or
+    the file a tool writes for its runs) sets a preset along with everything else, and its other
+    settings are what the user wants; only a flag typed for this run is a statement about this
+    run's shape."""
     preset = PRESETS[cfg.shape.model].to_dict()
     wrong = [f"{k} {shape.get(k)} vs {preset[k]}" for k in SHAPE_FIELDS if shape[k] != preset[k]]
     if wrong:

@@ -48,9 +48,12 @@ class TrainResult:
     stopped at --stop-at."""
 
 
-def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> TrainResult:
+def train(
+    cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False, model_flag: bool = False
+) -> TrainResult:
     """Train `cfg` in this process. `hard_exit`: a second Ctrl-C exits the process at once (the
-    `octlm` command); left False, it raises KeyboardInterrupt (a notebook's kernel survives)."""
+    `octlm` command); left False, it raises KeyboardInterrupt (a notebook's kernel survives).
+    `model_flag`: `--model` was typed for this run, so it must have the --init-from shape."""
     out = Path(cfg.run.out)
     if out.exists() and not out.is_dir():
         raise OctlmError(f"--out {out} is a file", "name a folder for the run (new or its own)")
@@ -60,7 +63,7 @@ def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False
         out.mkdir(parents=True, exist_ok=True)
     try:
         with RunLock(out) if main else contextlib.nullcontext():
-            return _train_locked(cfg, out, log_enabled and main, hard_exit)
+            return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
     except BaseException:
         # A run that failed before writing anything leaves no empty folder behind.
         if created and {p.name for p in out.iterdir()} <= {".lock", TOKEN_NAME}:
@@ -70,10 +73,11 @@ def train(cfg: TrainConfig, log_enabled: bool = True, *, hard_exit: bool = False
         shutdown()
 
 
-def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: bool) -> TrainResult:
-    check_memory_snapshot(
-        cfg.observe.memory_snapshot, cfg.hardware.device
-    )  # before anything is built
+def _train_locked(
+    cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: bool, model_flag: bool
+) -> TrainResult:
+    # Before anything is built:
+    check_memory_snapshot(cfg.observe.memory_snapshot, cfg.hardware.device)
     if (out / ckpt.MERGE_RECORD).exists():
         raise OctlmError(
             f"{out} holds merged weights (octlm merge), not a run to train",
@@ -87,7 +91,7 @@ def _train_locked(cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: boo
     check_installed(trackers)  # a missing library is a one-line error before anything is built
     if log_enabled:
         ckpt.remove_stale_temps(out)
-    run = build_run(cfg)
+    run = build_run(cfg, model_flag)
     # Only the process that writes the log feeds the trackers: they see what it writes.
     sinks = make_sinks(trackers, out) if log_enabled else []
     log = RunLog(out, enabled=log_enabled, sinks=sinks)

@@ -5,9 +5,11 @@ every decision a resume makes.
 folder, before anything is built. Its answer feeds, in order, the settings that must match the
 checkpoint before any part is built (`settle`: defaults that changed after the run began, the
 accumulation under another process count), `plan_init` (a resume takes the shape from the
-checkpoint, not from the `--init-from` source), and finally `Run.load_state_dict`. So the plan
-and the state always come from the same file, even when the newest one is damaged and an older
-one, written with other settings, is used instead (tests/e2e/test_resume_selection.py).
+checkpoint, not from the `--init-from` source, and checks a `--model` flag against it), and
+finally `Run.load_state_dict`. So the plan and the state always come from the same file, even
+when the newest one is damaged and an older one, written with other settings, is used instead
+(tests/e2e/test_distributed.py,
+`test_a_damaged_newest_checkpoint_of_another_world_resumes_with_the_older_ones_settings`).
 
 Rank 0 picks the newest intact checkpoint (falling back past damaged ones, with a note each)
 and tells the others its name and checksum, so no rank can start from another step than its
@@ -95,27 +97,28 @@ def find_agreed(run_dir: Path, info: DistInfo, device: torch.device, fsdp: bool)
         return None
     path = run_dir / ckpt.CKPT_DIR / header["file"]
     failed: RankError | None = None
+    read: tuple[ckpt.CheckpointInfo, dict[str, torch.Tensor]] | None = None
     if info.is_main:
         assert found is not None
-        meta, tensors = found.info.meta, found.tensors
+        read = found.info, found.tensors
     elif fsdp:
-        meta, tensors = header["meta"], _placeholders(header["large"])
+        read = ckpt.parse_info(path, header["meta"]), _placeholders(header["large"])
     else:
-        meta, tensors = {}, {}
         try:
-            read, tensors = ckpt.load_checkpoint(path, header["checksum"])
-            meta = read.meta
+            read = ckpt.load_checkpoint(path, header["checksum"])
         except ckpt.CheckpointError as exc:
             failed = RankError(f"rank {info.rank}: {exc.problem}", exc.fix)
     if agree(failed is not None, info, device):
         raise failed or ckpt.CheckpointError(  # printed by rank 0; the rank itself says why
             f"another rank could not read {path}", "make the run folder readable on every node"
         )
+    assert read is not None
+    checkpoint, tensors = read
     if fsdp:  # sorted names: every rank sends and receives in the same order
         for name, (dtype, shape) in sorted(header["small"].items()):
             held = tensors[name] if info.is_main else torch.empty(shape, dtype=_dtype(dtype))
             tensors[name] = broadcast_tensor(held, info, device)
-    return Found(ckpt.CheckpointInfo(path, meta), header["checksum"], tensors, header["notes"])
+    return Found(checkpoint, header["checksum"], tensors, header["notes"])
 
 
 def settle(
@@ -188,7 +191,7 @@ def _header(found: Found | None, problem: list[str] | None, fsdp: bool) -> dict[
             k: [str(v.dtype).removeprefix("torch."), list(v.shape)]
             for k, v in found.tensors.items()
         }
-        header["meta"] = found.info.meta
+        header["meta"] = found.info.as_written()
         header["large"] = {k: v for k, v in specs.items() if _sharded(k, found.tensors[k])}
         header["small"] = {k: v for k, v in specs.items() if k not in header["large"]}
     return header

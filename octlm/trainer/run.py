@@ -248,8 +248,10 @@ def write_checkpoint(
         ckpt.save_snapshot(out, step, ckpt.model_weights(tensors), header)
 
 
-def build_run(cfg: TrainConfig) -> Run:
-    """Join the process group, then build every part in the order the bits depend on."""
+def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
+    """Join the process group, then build every part in the order the bits depend on.
+    `model_flag`: `--model` was typed, so `plan_init` checks it against the shape the run starts
+    from (the source's, or that of the checkpoint found here: it is not read again)."""
     dist, device = init_distributed(cfg.hardware.device, cfg.hardware.dist_timeout)
     check_shared_folder(Path(cfg.run.out), dist, device)  # before any rank reads a checkpoint
     # The one checkpoint a resume reads: the settings, the shape and the state all come from it.
@@ -262,7 +264,7 @@ def build_run(cfg: TrainConfig) -> Run:
         keep_freed_host_memory()
     configure_determinism(cfg.hardware.deterministic, device)
     data_dir, dataset, tokenizer = open_data(cfg)
-    init = plan_init(cfg, tokenizer, resumed)  # reads the --init-from source unless resuming
+    init = plan_init(cfg, tokenizer, resumed, model_flag)  # the source, unless resuming
     model_config, model = _build_model(cfg, tokenizer, init)
     model = model.to(device)
     model.activation_checkpointing = cfg.hardware.activation_checkpointing
@@ -335,8 +337,7 @@ def _build_model(
     """The seeded model, with the --init-from weights copied in (on the CPU, before wrapping)."""
     # The vocabulary always comes from the data's tokenizer, the context from the config; the
     # rest of the shape from the --init-from source, else the preset under the config's keys.
-    shape = cfg.shape
-    sizes = {"vocab_size": tokenizer.vocab_size, "context": cfg.inputs.context}
+    shape, sizes = cfg.shape, {"vocab_size": tokenizer.vocab_size, "context": cfg.inputs.context}
     sizes["dropout"] = shape.dropout
     model_config = init.model_config if init else preset(shape.model, **sizes, **shape.resolved())
     # Seeded right before the model is built: its init is a function of the seed alone. Nothing
@@ -394,6 +395,6 @@ def resume(run: Run) -> tuple[Path, list[str]] | None:
     found, run.start = run.start, None  # its tensors are not kept beside the loaded ones
     if found is None:
         return None
-    state = ckpt.unpack(found.info.meta, found.tensors)  # type: ignore[arg-type]
+    state = found.info.run_state(found.tensors)
     notes = run.notes + found.notes + check_resumable(run, state)
     return found.path, notes + run.load_state_dict(state)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def checkpoint_at(out: Path, step: int) -> tuple[dict, dict[str, torch.Tensor]]:
     entry = next(e for e in listed(out) if e["step"] == step)
     info, tensors = ckpt.load_checkpoint(out / "checkpoints" / entry["file"], entry["checksum"])
-    return info.meta, tensors
+    return info.as_written(), tensors
 
 
 def test_write_overlaps_later_steps_and_holds_its_own_step(tiny_dataset, tmp_path, monkeypatch):

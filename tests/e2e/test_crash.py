@@ -127,7 +127,7 @@ def test_nonfinite_stops_and_keeps_the_last_good_checkpoint(
     assert [e["step"] for e in listed(out)] == [2, 4]  # nothing saved at or after the bad step
     path, sha = ckpt.find_checkpoint(out)
     read, _ = ckpt.load_checkpoint(path, sha)  # the kept checkpoint is intact
-    meta = read.meta
+    meta = read.as_written()
     assert meta["train_state"]["step"] == 4
     events = [r for r in read_log(out) if r.get("event") == "nonfinite"]
     assert [e["step"] for e in events] == [BAD_STEP]
@@ -201,7 +201,7 @@ def test_save_fault_keeps_previous_checkpoint(tiny_dataset, tmp_path, monkeypatc
     assert [e["step"] for e in listed(out)] == [2]  # the list still names the good one
     path, sha = ckpt.find_checkpoint(out)
     read, _ = ckpt.load_checkpoint(path, sha)
-    meta = read.meta
+    meta = read.as_written()
     assert meta["train_state"]["step"] == 2
     assert not list((out / "checkpoints").glob(".*.tmp-*"))
     # And the run resumes from it to the same bits as a run that never failed.
@@ -233,7 +233,7 @@ def test_bad_checkpoint_files_are_one_line(tiny_dataset, tmp_path, kind) -> None
         octlm(*train_args(tiny_dataset, out, "--stop-at", "1"))
         path, sha = ckpt.find_checkpoint(out)
         read, tensors = ckpt.load_checkpoint(path, sha)
-        meta = read.meta
+        meta = read.as_written()
         from safetensors.torch import save_file
 
         save_file(tensors, str(bad), metadata={"octlm": json.dumps({**meta, "format_version": 99})})

@@ -121,6 +121,13 @@ def test_resumed_init_from_run_is_bit_exact_and_differs_from_a_fresh_one(
     proc = train(tiny_dataset, split, *args, "--init-from", str(copy), "--resume")
     assert "it wins, --init-from" in proc.stderr
     assert end_hash(split) == end_hash(straight)
+    # A --model flag is checked against the checkpoint the resume loads (the source is gone).
+    other = ("--model", "tiny", "--steps", "6", "--init-from", str(copy), "--resume")
+    refused = train(tiny_dataset, split, *other, check=False)
+    lines = refused.stderr.splitlines()
+    assert refused.returncode == 1 and len(lines) == 1, refused.stderr  # no traceback
+    assert lines[0].startswith("octlm: error: --model tiny contradicts --init-from"), lines
+    assert end_hash(split) == end_hash(straight)  # the refused resume changed nothing
     fresh = tmp_path / "fresh"
     train(tiny_dataset, fresh, *args)
     assert end_hash(fresh) != end_hash(straight)

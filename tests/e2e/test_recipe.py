@@ -104,7 +104,7 @@ def resume(data: Path, stopped_run: Path, out: Path, *extra: str) -> Path:
 def checkpoint(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     path, sha = ckpt.find_checkpoint(run)
     read, tensors = ckpt.load_checkpoint(path, sha)
-    return read.meta, tensors
+    return read.as_written(), tensors
 
 
 def step_records(run: Path) -> list[dict]:

@@ -75,7 +75,7 @@ def test_control_fresh_optimizer_differs(tiny_dataset, straight, tmp_path) -> No
     octlm(*train_args(tiny_dataset, out, "--stop-at", "4"))
     path, sha = ckpt.find_checkpoint(out)
     read, tensors = ckpt.load_checkpoint(path, sha)
-    meta = read.meta
+    meta = read.as_written()
     wiped = {k: (torch.zeros_like(v) if k.startswith("optim.") else v) for k, v in tensors.items()}
     header = {k: v for k, v in meta.items() if k not in ("format", "format_version")}
     ckpt.save_checkpoint(out, 4, header, wiped)
@@ -216,7 +216,7 @@ def test_control_rng_not_restored_differs_with_dropout(tiny_dataset, reference, 
     octlm(*train_args(tiny_dataset, out, "--stop-at", "3", *flags))
     path, sha = ckpt.find_checkpoint(out)
     read, tensors = ckpt.load_checkpoint(path, sha)
-    meta = read.meta
+    meta = read.as_written()
     gen = torch.Generator().manual_seed(12345)
     tensors = {**tensors, "rng.torch_cpu": gen.get_state()}
     header = {k: v for k, v in meta.items() if k not in ("format", "format_version")}

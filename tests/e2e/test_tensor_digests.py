@@ -72,7 +72,7 @@ def test_a_flipped_weight_bit_is_named_at_the_resume_that_loaded_it(
     octlm(*train_args(tiny_dataset, out, "--stop-at", str(K), *DIGESTS))
     path, sha = ckpt.find_checkpoint(out)
     read, tensors = ckpt.load_checkpoint(path, sha)
-    meta = read.meta
+    meta = read.as_written()
     key = ckpt.MODEL_PREFIX + FLIPPED
     flipped = tensors[key].clone()
     flipped.view(torch.int32).view(-1)[7] ^= 1  # fp32: the lowest mantissa bit of one element

@@ -29,7 +29,7 @@ from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
 from octlm.trainer.checkpoint import (
     CheckpointError,
-    CheckpointInfo,
+    parse_info,
     save_checkpoint,
     save_snapshot,
     snapshot_header,
@@ -113,9 +113,10 @@ def test_a_wrong_or_missing_tokenizer_is_one_line(trained, tiny_dataset, tmp_pat
     with pytest.raises(OctlmError, match="is missing"):
         tokenizer_file(meta, tmp_path / "nope.json")
     with pytest.raises(CheckpointError, match="records no tokenizer fingerprint"):
-        tokenizer_file(CheckpointInfo(meta.path, {**meta.meta, "fingerprints": {}}))
-    other_ids = {**meta.meta, "fingerprints": {"tokenizer": "0" * 64}}  # trained on other ids
-    other_run = CheckpointInfo(meta.path, other_ids)
+        tokenizer_file(parse_info(meta.path, {**meta.as_written(), "fingerprints": {}}))
+    # trained on other ids
+    other_ids = {**meta.as_written(), "fingerprints": {"tokenizer": "0" * 64}}
+    other_run = parse_info(meta.path, other_ids)
     with pytest.raises(OctlmError, match="were written with tokenizer"):
         run_dataset(other_run)
 

@@ -35,6 +35,7 @@ from octlm.trainer.checkpoint import (
     optimizer_from_flat,
     optimizer_to_flat,
     pack,
+    parse_info,
     read_latest,
     save_checkpoint,
     split_tensors,
@@ -152,7 +153,7 @@ def test_loading_never_unpickles(saved_run, monkeypatch) -> None:
     monkeypatch.setattr(pickle, "loads", forbidden)
     monkeypatch.setattr(pickle, "Unpickler", forbidden)
     read, tensors = load_checkpoint(path, file_sha256(path))
-    meta = read.meta
+    meta = read.as_written()
     assert meta["train_state"]["step"] == 1
 
 
@@ -160,7 +161,7 @@ def test_load_returns_exactly_what_was_saved(saved_run) -> None:
     run, path = saved_run
     meta, tensors = pack(run.state_dict())
     read, loaded = load_checkpoint(*find_checkpoint(run.out))
-    loaded_meta = read.meta
+    loaded_meta = read.as_written()
     assert find_checkpoint(run.out)[0] == path
     assert sorted(loaded) == sorted(tensors)
     for name, t in tensors.items():
@@ -202,7 +203,7 @@ def test_a_latest_json_of_octlm_0_1_with_sha256_entries_still_loads(tmp_path: Pa
     (folder / LATEST).write_text(json.dumps(old))
     path, listed = find_checkpoint(tmp_path)
     assert listed == "sha256:" + file_sha256(folder / name)
-    assert load_checkpoint(path, listed)[0].meta["s"] == 1
+    assert load_checkpoint(path, listed)[0].as_written()["s"] == 1
     save_checkpoint(tmp_path, 2, {"s": 2}, small_tensors(2.0))  # rewrites the list anew
     assert [e["checksum"].split(":")[0] for e in read_latest(tmp_path)] == ["sha256", "xxh3_128"]
 
@@ -277,7 +278,7 @@ def test_latest_json_keeps_the_last_entries_and_deletes_older_files(tmp_path: Pa
         assert e["checksum"] == file_checksum(folder / e["file"])
     path, sha = find_checkpoint(tmp_path)
     read, tensors = load_checkpoint(path, sha)
-    meta = read.meta
+    meta = read.as_written()
     assert meta["s"] == 5
     assert torch.equal(tensors["w"], torch.full((4, 4), 5.0))
 
@@ -341,7 +342,7 @@ def test_optimizer_survives_a_checkpoint_file_and_continues_identically(
     weights = {f"model.{k}": v for k, v in model.state_dict().items()}
     path = save_checkpoint(tmp_path, 2, {"optimizer": meta}, {**tensors, **weights})
     read, loaded = load_checkpoint(path, file_sha256(path))
-    loaded_meta = read.meta
+    loaded_meta = read.as_written()
 
     torch.manual_seed(99)
     model2 = GPT(TINY)
@@ -415,7 +416,7 @@ def test_rng_survives_a_checkpoint_file(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path, 1, {"rng": meta}, tensors)
     first = draws()
     read, loaded = load_checkpoint(path, file_sha256(path))
-    loaded_meta = read.meta
+    loaded_meta = read.as_written()
     load_rng_state_dict(unflatten(loaded_meta["rng"], loaded, "rng."))
     assert draws() == first
 
@@ -477,10 +478,23 @@ def test_a_runs_state_packs_into_the_v1_names_and_unpacks_to_itself(saved_run) -
 def test_golden_v1_checkpoint_unpacks_and_repacks_to_the_same_entries() -> None:
     golden = Path(__file__).parents[1] / "golden" / "v1-micro" / "run"
     read, tensors = load_checkpoint(*find_checkpoint(golden))
-    meta = read.meta
+    meta = read.as_written()
     again_meta, again = pack(unpack(meta, tensors))
     assert sorted(again) == sorted(tensors)
     assert all(torch.equal(again[k], tensors[k]) for k in tensors)
     assert json.loads(json.dumps(again_meta)) == {
         k: v for k, v in meta.items() if k not in ("format", "format_version")
     }
+
+
+def test_a_files_metadata_is_parsed_once_into_fields_and_handed_out_as_a_copy() -> None:
+    parts = [{"file": "/m/step_000002.safetensors"}, {"file": "/m/step_000004.safetensors"}]
+    meta = {"train_state": {"step": 4}, "merged_from": parts}  # a merge's snapshot header
+    info = parse_info(Path("model.safetensors"), meta)
+    assert (info.step, info.world, info.config, info.fingerprints) == (4, 1, None, {})
+    assert info.merged_from == (Path(parts[0]["file"]), Path(parts[1]["file"]))
+    written = info.as_written()
+    written["train_state"]["step"] = 9  # the caller's copy: the view keeps what the file says
+    assert info.as_written() == meta and info.step == 4
+    with pytest.raises(CheckpointError, match="bad.safetensors has corrupt octlm metadata"):
+        parse_info(Path("bad.safetensors"), {"world": "two"})

@@ -13,7 +13,7 @@ from octlm.config.shape import preset
 from octlm.config.train import TrainConfig
 from octlm.device import fast_bf16_products
 from octlm.model.gpt import GPT
-from octlm.trainer.checkpoint import CheckpointInfo
+from octlm.trainer.checkpoint import CheckpointInfo, parse_info
 from octlm.trainer.optim import clip_grad_norm, param_groups, set_lr
 from octlm.trainer.resume import settled_defaults, settled_ns_dtype
 from tests.unit_model import optimizer_for
@@ -131,7 +131,7 @@ def test_zero_grad_clip_leaves_gradients_bitwise_unchanged_and_returns_the_norm(
 
 
 def saved(fused: bool) -> CheckpointInfo:
-    return CheckpointInfo(Path("step_000004.safetensors"), {"trajectory": {"fused": fused}})
+    return parse_info(Path("step_000004.safetensors"), {"trajectory": {"fused": fused}})
 
 
 def test_fused_left_unset_is_on_for_a_new_run_and_the_checkpoints_on_resume() -> None:
@@ -150,12 +150,12 @@ def test_muon_ns_dtype_fast_settles_to_the_devices_dtype_and_a_resume_keeps_its_
     assert settled_ns_dtype(fast, None, False).muon_ns_dtype == "fp32"
 
     def saved_dtype(dtype: str) -> CheckpointInfo:
-        return CheckpointInfo(Path("s.safetensors"), {"trajectory": {"muon_ns_dtype": dtype}})
+        return parse_info(Path("s.safetensors"), {"trajectory": {"muon_ns_dtype": dtype}})
 
     # a run started on an AMX machine continues in bf16 on one without, and the other way
     assert settled_ns_dtype(fast, saved_dtype("bf16"), False).muon_ns_dtype == "bf16"
     assert settled_ns_dtype(fast, saved_dtype("fp32"), True).muon_ns_dtype == "fp32"
-    no_key = CheckpointInfo(Path("s.safetensors"), {"trajectory": {}})  # an "auto" run
+    no_key = parse_info(Path("s.safetensors"), {"trajectory": {}})  # an "auto" run
     assert settled_ns_dtype(fast, no_key, True).muon_ns_dtype == "bf16"  # then refused
     explicit = fast.replace(muon_ns_dtype="fp32")
     assert settled_ns_dtype(explicit, saved_dtype("bf16"), True) is explicit
