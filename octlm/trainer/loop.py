@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from torch.profiler import record_function
+
 # tqdm.auto: a widget in Jupyter (plain tqdm writes text into the cell), the usual bar elsewhere.
 from tqdm.auto import tqdm
 
@@ -239,13 +241,17 @@ def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResul
     s = state.step
     lr = learning_rate(s, cfg.lr_schedule)
     t0 = time.perf_counter()
-    batches = [run.sampler.batch(s, m) for m in range(cfg.inputs.accum)]
+    # Labels for --profile-steps (bench/step_mfu reads them from the trace); outside a profile
+    # they record nothing and change no bit.
+    with record_function("octlm::data"):
+        batches = [run.sampler.batch(s, m) for m in range(cfg.inputs.accum)]
     # The noise scale needs per-micro-batch gradients, which are per-rank under DDP: it is
     # measured at validations, with accumulation, in one process only.
     measure = validating and cfg.inputs.accum > 1 and not run.dist.enabled
-    result = train_step(
-        run.setup, run.optimizer, batches, lr=lr, measure_noise=measure, digest_grads=digesting
-    )
+    with record_function("octlm::step"):
+        result = train_step(
+            run.setup, run.optimizer, batches, lr=lr, measure_noise=measure, digest_grads=digesting
+        )
     dt = time.perf_counter() - t0
     state.advance(run.tokens_per_step, result.skipped)
     return replace(result, lr=lr, dt=dt, epoch=run.sampler.epoch(s))
