@@ -197,6 +197,19 @@ def test_the_map_check_catches_a_missing_a_stale_and_a_doubled_row() -> None:
     assert {"__init__.py", "__main__.py", "trainer/run.py"} <= mapped_modules()
 
 
+def test_the_settings_import_no_torch() -> None:
+    """`config/` is torch-free: a config is built, checked, fingerprinted and printed (`octlm
+    train --print-config`, a sweep's plan, the report's presets) without loading torch."""
+    modules = sorted(p.stem for p in (PACKAGE / "config").glob("*.py") if p.stem != "__init__")
+    code = "import sys; " + "; ".join(f"import octlm.config.{m}" for m in modules)
+    code += "; from octlm.config.train import TrainConfig; TrainConfig().fingerprint_for(1)"
+    code += "; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert len(modules) >= 8 and result.stdout.strip() == "False"
+
+
 def test_the_data_commands_start_without_torch() -> None:
     """`octlm prepare`, `octlm tokenizer` and their encoding workers never import torch (1.5 s
     of start-up each on a 2-core machine); the training side does."""
