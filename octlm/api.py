@@ -14,10 +14,11 @@ from typing import Any, NamedTuple
 from octlm.config import checks
 from octlm.config.files import make_config
 from octlm.config.train import TrainConfig
-from octlm.data.chat_format import NO_SPECIALS, check_chat_dataset, parse_messages
+from octlm.data.chat_format import check_chat_dataset
 from octlm.data.shards import load_manifest
 from octlm.errors import OctlmError
 from octlm.generation.chat import ChatSession, reply_to
+from octlm.generation.prompts import check_prompts, check_turns
 from octlm.generation.sampling import SEEDS, check_sampling, generate_texts
 from octlm.generation.trained import load_model, run_tokenizer
 from octlm.model.gpt import GPT
@@ -109,8 +110,7 @@ def generate(
     A list of prompts is decoded as one batch and gives a list of texts, each the one its
     prompt gets alone (`octlm generate --prompts`). `run` is what `load` returned (or its
     three parts), or a path to load first."""
-    prompts = prompt if isinstance(prompt, list) else [prompt]
-    _check_prompts(prompts)
+    prompts = check_prompts(prompt)
     _check_sampling(max_new_tokens, temperature, top_k, seed)
     loaded = _loaded(run)
     sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
@@ -130,10 +130,10 @@ def chat(
     seed: int = 0,
 ) -> str:
     """The model's reply to `messages` ({"role": "system" | "user" | "assistant", "content":
-    text} each, oldest first), as `octlm chat` would give it after those turns: the chat
-    format's ids (`octlm.data.chat_format`), decoded over the key/value cache. `run` is a chat
-    fine-tune: what `load` returned, its three parts, or a path."""
-    turns = parse_messages(messages, "messages", NO_SPECIALS, need_reply=False)
+    text} each, oldest first, the last the user's), as `octlm chat` would give it after those
+    turns: the chat format's ids (`octlm.data.chat_format`), decoded over the key/value cache.
+    `run` is a chat fine-tune: what `load` returned, its three parts, or a path."""
+    turns = check_turns(messages)
     _check_sampling(max_new_tokens, temperature, top_k, seed)
     loaded = _loaded(run)
     where = loaded.meta.get("path", "the run")
@@ -154,12 +154,6 @@ def _loaded(run: Any) -> LoadedRun:
             "pass octlm.load(...)'s result, or a run folder's path",
         )
     return LoadedRun(*run)
-
-
-def _check_prompts(prompts: list[Any]) -> None:
-    if not prompts or not all(isinstance(p, str) for p in prompts):
-        shown = checks.shown(prompts if len(prompts) != 1 else prompts[0])
-        raise OctlmError(f"prompt={shown} must be a string or a list of them", "pass the text")
 
 
 def _check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any) -> None:

@@ -75,11 +75,13 @@ def _add_chat(sub: Any) -> None:
 
 def _cmd_chat(args: argparse.Namespace) -> int:
     from octlm.data.chat_format import check_chat_dataset
-    from octlm.generation.chat import ChatSession, chat_loop
+    from octlm.generation.chat import ChatSession, chat_loop, terminal_input
+    from octlm.generation.prompts import check_system
     from octlm.generation.sampling import check_sampling
     from octlm.generation.trained import load_model, run_dataset, run_tokenizer
 
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    check_system(args.system)  # the text first: no model is loaded for a bad one
     model, info = load_model(args.run, device=args.device)
     check_chat_dataset(run_dataset(info, args.data).manifest, args.run)
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
@@ -93,7 +95,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     # Line editing and history for input(); not on every platform, and the loop works without.
     with contextlib.suppress(ImportError):
         importlib.import_module("readline")
-    return chat_loop(session)
+    with terminal_input() as (read, interactive):
+        return chat_loop(session, read, interactive=interactive)
 
 
 def _add_merge(sub: Any) -> None:
@@ -170,12 +173,16 @@ def model_device(model: Any) -> Any:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from octlm.generation.sampling import check_sampling, generate_texts, read_prompts
+    from octlm.generation.prompts import check_text, read_prompts
+    from octlm.generation.sampling import check_sampling, generate_texts
     from octlm.generation.trained import load_model, run_tokenizer
 
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)  # before loading
-    prompts = [args.prompt] if args.prompts is None else read_prompts(args.prompts)
+    if args.prompts is None:
+        prompts = [check_text("--prompt", args.prompt, "pass the prompt as UTF-8 text")]
+    else:
+        prompts = read_prompts(args.prompts)
     model, info = load_model(args.run, device=args.device)
     tokenizer, n = run_tokenizer(info, args.data), args.max_new_tokens
     texts = generate_texts(model, tokenizer, prompts, max_new_tokens=n, **sampling)

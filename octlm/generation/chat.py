@@ -11,6 +11,7 @@ reply's ids are the ones its text encodes to.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
@@ -25,6 +26,8 @@ from octlm.data.chat_format import (
     reply_prompt_ids,
     turn_ids,
 )
+from octlm.errors import OctlmError
+from octlm.generation.prompts import check_line, check_text
 from octlm.generation.sampling import Continuation, check_sampling, choose
 from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
@@ -55,6 +58,13 @@ class ChatSession:
         # One generator for the whole conversation: the same turns give the same replies.
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.reset()
+        context = model.config.context
+        if len(self.ids) >= context:  # it would leave the model no room to read a user's turn
+            raise OctlmError(
+                f"the system turn is {len(self.ids):,} tokens, not fewer than the model's "
+                f"context of {context}",
+                "shorten it: the model must see the turns after it",
+            )
 
     def reset(self) -> None:
         """Forget the conversation (the system turn stays)."""
@@ -66,6 +76,7 @@ class ChatSession:
 
     def add(self, role: str, content: str) -> None:
         """A turn the model reads (system, user, or an assistant turn given as text)."""
+        check_text(f"the {role} turn", content, "pass UTF-8 text without NUL characters")
         self.ids += turn_ids(self.tokenizer, role, content)
         self.messages.append(Message(role, content))
 
@@ -117,38 +128,91 @@ HELP = "/reset forgets the conversation, /exit or Ctrl-D ends it; Ctrl-C stops a
 def chat_loop(
     session: ChatSession,
     read: Callable[[str], str] = input,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
+    interactive: bool = False,
 ) -> int:
-    """The interactive loop: a line in, the reply streamed out, until /exit, Ctrl-D or Ctrl-C
-    at the prompt (exit status 0: ending a chat is not a failure)."""
+    """The interactive loop: a line in, the reply streamed out, until /exit, Ctrl-D (end of
+    file) or Ctrl-C at the prompt (exit status 0: ending a chat is not a failure). A line that
+    is not text (bytes that are not UTF-8, a NUL) is refused in one line: at a terminal
+    (`interactive`) on stderr, and the chat goes on; from a pipe as the command's error."""
+    out = out or sys.stdout
     print(HELP, file=out, flush=True)
+    number = 0
     while True:
         try:
             text = read("you> ")
         except (EOFError, KeyboardInterrupt):
             print(file=out, flush=True)
             return 0
-        command = text.strip()
-        if command in ("/exit", "/quit"):
-            return 0
-        if command == "/reset":
-            session.reset()
-            print("(conversation forgotten)", file=out, flush=True)
-            continue
-        if not command:
-            continue
-        print("model> ", end="", file=out, flush=True)
+        number += 1
         try:
-            for piece in session.reply(text):
-                print(piece, end="", file=out, flush=True)
-        except KeyboardInterrupt:
-            print(" [stopped]", end="", file=out)
-        print(file=out, flush=True)
-        if session.over_context:
-            context = session.model.config.context
-            print(
-                f"(longer than the context of {context}: the model sees the last {context} "
-                "tokens; /reset to start over)",
-                file=out,
-                flush=True,
-            )
+            check_line(number, text, interactive)
+        except OctlmError as exc:
+            if not interactive:
+                raise
+            print(f"octlm: error: {exc.message}", file=sys.stderr, flush=True)
+            continue
+        if not answer(session, text, out):
+            return 0
+
+
+def answer(session: ChatSession, text: str, out: TextIO) -> bool:
+    """Act on one line of the chat: a command, or a user turn and its streamed reply; False
+    when the line ends the chat."""
+    command = text.strip()
+    if command in ("/exit", "/quit"):
+        return False
+    if command == "/reset":
+        session.reset()
+        print("(conversation forgotten)", file=out, flush=True)
+        return True
+    if not command:
+        return True
+    print("model> ", end="", file=out, flush=True)
+    try:
+        for piece in session.reply(text):
+            print(piece, end="", file=out, flush=True)
+    except KeyboardInterrupt:
+        print(" [stopped]", end="", file=out)
+    print(file=out, flush=True)
+    if session.over_context:
+        context = session.model.config.context
+        print(
+            f"(longer than the context of {context}: the model sees the last {context} "
+            "tokens; /reset to start over)",
+            file=out,
+            flush=True,
+        )
+    return True
+
+
+def closed_input(prompt: str) -> str:
+    """`input` when this process has no stdin (`octlm chat RUN <&-`): at once end of file."""
+    raise EOFError
+
+
+@contextlib.contextmanager
+def terminal_input() -> Iterator[tuple[Callable[[str], str], bool]]:
+    """(the line reader, whether it reads a terminal) for `chat_loop`, on this process's stdin.
+    While it is open, stdin decodes bytes that are not UTF-8 to lone surrogates
+    (`surrogateescape`) rather than raising, whatever the locale, so `chat_loop` refuses the
+    line that holds them, and only it; a closed stdin reads as end of file."""
+    stdin = sys.stdin
+    if stdin is None:
+        yield closed_input, False
+        return
+    errors = getattr(stdin, "errors", None)
+    changed = False
+    if errors is not None and hasattr(stdin, "reconfigure"):
+        with contextlib.suppress(ValueError, OSError):  # a closed or detached stream
+            stdin.reconfigure(errors="surrogateescape")
+            changed = True
+    interactive = False
+    with contextlib.suppress(ValueError, OSError):
+        interactive = stdin.isatty()
+    try:
+        yield input, interactive
+    finally:
+        if changed:
+            with contextlib.suppress(ValueError, OSError):
+                stdin.reconfigure(errors=errors)

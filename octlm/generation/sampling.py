@@ -4,12 +4,12 @@ generator, so a sample is reproducible from its seed and touches no global RNG."
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from octlm.errors import OctlmError
+from octlm.generation.prompts import fit_prompts
 from octlm.model.gpt import GPT
 from octlm.model.kvcache import KVCache, forward_cached
 from octlm.tokenizer.core import Tokenizer
@@ -18,6 +18,9 @@ MAX_NEW_TOKENS = 2**20
 """More is not a text anyone waits for: past the context, each new token runs the model over
 the whole window again."""
 SEEDS = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+BATCH = 64
+"""Prompts decoded together at most (`generate_texts`): a prompts file of any length runs in
+batches of this many, each row's text the same as alone, its cache's memory bounded."""
 
 
 def check_sampling(
@@ -42,19 +45,6 @@ def check_sampling(
         )
     if top_k is not None and top_k < 1:
         raise OctlmError(f"--top-k {top_k} keeps no token", "use --top-k 1 or more")
-
-
-def read_prompts(path: str) -> list[str]:
-    """The prompts of a UTF-8 text file, one a line; blank lines are skipped."""
-    fix = "give a UTF-8 text file with one prompt a line"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OctlmError(f"--prompts {path} cannot be read ({exc})", fix) from None
-    prompts = [line for line in text.splitlines() if line.strip()]
-    if not prompts:
-        raise OctlmError(f"--prompts {path} holds no prompt", fix)
-    return prompts
 
 
 @torch.no_grad()
@@ -148,7 +138,10 @@ def choose(
     draw from `generator` after temperature and top-k."""
     if temperature <= 0:
         return int(logits.argmax(dim=-1))
-    logits = logits / temperature
+    scaled = logits / temperature
+    if not bool(torch.isfinite(scaled).all()):  # a temperature so small (1e-320) that the
+        return int(logits.argmax(dim=-1))  # logits overflow: its limit, greedy
+    logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -205,9 +198,13 @@ def generate_texts(
     """`generate_text` of each prompt, decoded in one batch (`generate_batch`): each text is
     the one its prompt gets alone."""
     check_sampling(max_new_tokens, temperature, top_k)
+    fit_prompts(prompts)
     # With no BOS, EOS is what precedes every document but the first in the training stream.
     start = tokenizer.start_ids or [tokenizer.eos_id]
     ids = [[*start, *tokenizer.encode(p, add_special_tokens=False)] for p in prompts]
     sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
-    new = generate_batch(model, ids, max_new_tokens, stop_id=tokenizer.eos_id, **sampling)
+    new = []
+    for at in range(0, len(ids), BATCH):
+        batch = ids[at : at + BATCH]
+        new += generate_batch(model, batch, max_new_tokens, stop_id=tokenizer.eos_id, **sampling)
     return [p + tokenizer.decode(n) for p, n in zip(prompts, new, strict=True)]
