@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from octlm.config.checks import shown
 from octlm.data.packing import CONTEXT, START, TARGET
 from octlm.errors import DataError
 from octlm.tokenizer.core import Tokenizer
@@ -99,7 +100,7 @@ def parse_messages(
             raise DataError(f"{at} is not an object with a role and a content", "fix that turn")
         role, content = item["role"], item["content"]
         if role not in ROLES:
-            raise DataError(f"{at} has role {role!r}", f"use one of {', '.join(ROLES)}")
+            raise DataError(f"{at} has role {shown(role)}", f"use one of {', '.join(ROLES)}")
         if not isinstance(content, str):
             kind = type(content).__name__
             raise DataError(f"{at}: its content is a {kind}, not a string", "make it a string")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from octlm.config.checks import shown
+from octlm.config.checks import check_path, shown
 from octlm.data.chat_format import NO_SPECIALS, USER, Message, parse_messages
 from octlm.errors import OctlmError
 
@@ -89,7 +89,7 @@ def check_turns(messages: Any) -> tuple[Message, ...]:
         check_text(f"messages[{i}]['content']", turn.content, "fix that turn")
     if turns[-1].role != USER:
         raise OctlmError(
-            f"messages end with a {turns[-1].role} turn: the model replies to a user turn",
+            f"messages end with the {turns[-1].role}'s turn: the model replies to a user turn",
             "end the list with the user turn to reply to",
         )
     return turns
@@ -123,6 +123,7 @@ def read_prompts(path: str) -> list[str]:
 
 def read_bytes(path: str) -> bytes:
     """The bytes of the `--prompts` file, or a one-line error saying why not."""
+    check_path("--prompts", path)
     where = f"--prompts {shown(path)}"
     file = Path(path)
     if file.is_dir():
