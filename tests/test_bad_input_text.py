@@ -13,7 +13,6 @@ bytes that are not UTF-8 into `octlm chat` in a real terminal (tmux).
 
 from __future__ import annotations
 
-import io
 import shlex
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 import octlm
 from octlm.cli.main import main
 from octlm.errors import OctlmError
+from tests.fuzz.harness import Outcome, problems, run_cli, snapshot
 from tests.fuzz.text_inputs import make_chat_run
 from tests.shared import shared
 
@@ -280,51 +280,35 @@ def workdir(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
-def tree(root: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")
-    }
-
-
-def assert_refused(args: list[str], expected: str, root: Path, capsys) -> None:
-    before = tree(root)
-    try:
-        code = main(args)
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    _, err = capsys.readouterr()
-    assert code != 0
-    lines = err.splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("octlm: error: ") and expected in lines[0], lines[0]
+def refused(outcome: Outcome, expected: str) -> None:
+    """A refusal as the house refuses (`harness.problems`: a non-zero exit, one stderr line
+    `octlm: error: ...`, no traceback, nothing on disk changed) that says `expected`."""
+    assert outcome.code != 0 and not problems(outcome), (outcome.err, outcome.crash)
+    lines = outcome.err.splitlines()
+    assert len(lines) == 1 and expected in lines[0], lines
     assert "; " in lines[0]  # a problem, then its fix
-    assert tree(root) == before
 
 
 @pytest.mark.parametrize("case", GENERATE, ids=GENERATE)
-def test_bad_text_for_generate_is_one_line(case, chat_run, workdir, capsys) -> None:
+def test_bad_text_for_generate_is_one_line(case, chat_run, workdir) -> None:
     args, expected = GENERATE[case]
-    assert_refused(["generate", str(chat_run), *args], expected, workdir, capsys)
+    refused(run_cli(["generate", str(chat_run), *args], workdir), expected)
 
 
 @pytest.mark.parametrize("case", CHAT, ids=CHAT)
-def test_bad_text_for_chat_is_one_line(case, chat_run, workdir, capsys, monkeypatch) -> None:
+def test_bad_text_for_chat_is_one_line(case, chat_run, workdir) -> None:
     args, stdin, expected = CHAT[case]
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    assert_refused(
-        ["chat", str(chat_run), "--max-new-tokens", "2", *args], expected, workdir, capsys
-    )
+    command = ["chat", str(chat_run), "--max-new-tokens", "2", *args]
+    refused(run_cli(command, workdir, stdin=stdin), expected)
 
 
 @pytest.mark.parametrize("case", CLEAN_ENDS, ids=CLEAN_ENDS)
-def test_a_chat_ends_cleanly(case, chat_run, workdir, capsys, monkeypatch) -> None:
+def test_a_chat_ends_cleanly(case, chat_run, workdir) -> None:
     stdin, flags, shown = CLEAN_ENDS[case]
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    before = tree(workdir)
-    assert main(["chat", str(chat_run), "--max-new-tokens", "2", *flags]) == 0
-    out, err = capsys.readouterr()
-    assert err == "" and shown in out, (out[-300:], err)
-    assert tree(workdir) == before
+    command = ["chat", str(chat_run), "--max-new-tokens", "2", *flags]
+    outcome = run_cli(command, workdir, stdin=stdin)
+    assert (outcome.code, outcome.err, outcome.crash, outcome.changed) == (0, "", None, [])
+    assert shown in outcome.out, outcome.out[-300:]
 
 
 def test_a_closed_stdin_is_the_end_of_the_chat(chat_run, workdir, capsys, monkeypatch) -> None:
@@ -336,20 +320,20 @@ def test_a_closed_stdin_is_the_end_of_the_chat(chat_run, workdir, capsys, monkey
 @pytest.mark.parametrize("case", API, ids=API)
 def test_bad_text_for_the_api_is_one_line(case, chat_run, workdir) -> None:
     call, expected = API[case]
-    before = tree(workdir)
+    before = snapshot(workdir)
     with pytest.raises(OctlmError) as info:
         call(chat_run)
     message = str(info.value)
     assert expected in message and "\n" not in message and info.value.fix, message
-    assert tree(workdir) == before
+    assert snapshot(workdir) == before
 
 
 @pytest.mark.parametrize("case", STILL_ACCEPTED, ids=STILL_ACCEPTED)
-def test_odd_text_that_works_still_does(case, chat_run, workdir, capsys) -> None:
+def test_odd_text_that_works_still_does(case, chat_run, workdir) -> None:
     args, shown = STILL_ACCEPTED[case]
-    assert main(["generate", str(chat_run), "--max-new-tokens", "2", *args]) == 0
-    out, err = capsys.readouterr()
-    assert err == "" and shown in out, (out, err)
+    outcome = run_cli(["generate", str(chat_run), "--max-new-tokens", "2", *args], workdir)
+    assert (outcome.code, outcome.err, outcome.crash) == (0, "", None)
+    assert shown in outcome.out, outcome.out
 
 
 def test_a_tiny_temperature_is_greedy(chat_run, workdir, capsys) -> None:
