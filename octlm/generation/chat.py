@@ -59,7 +59,7 @@ class ChatSession:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.reset()
         context = model.config.context
-        if len(self.ids) >= context:  # it would leave the model no room to read a user's turn
+        if system is not None and len(self.ids) >= context:  # no room left for a user's turn
             raise OctlmError(
                 f"the system turn is {len(self.ids):,} tokens, not fewer than the model's "
                 f"context of {context}",
