@@ -49,24 +49,36 @@ GENERATE = {
     ),
     "prompts_invalid_utf8": (
         ["--prompts", "bad.txt"],
-        "--prompts 'bad.txt' line 2 is not UTF-8 (byte 0xff)",
+        "--prompts bad.txt cannot be read: line 2 is not UTF-8 (byte 0xff)",
     ),
     "prompts_encoded_surrogate": (
         ["--prompts", "surrogate.txt"],
         "line 1 is not UTF-8 (byte 0xed)",
     ),
     "prompts_cut_character": (["--prompts", "cut.txt"], "line 1 is not UTF-8 (byte 0xc3)"),
-    "prompts_nul": (["--prompts", "nul.txt"], "--prompts 'nul.txt' line 3 holds a NUL byte"),
+    "prompts_nul": (
+        ["--prompts", "nul.txt"],
+        "--prompts nul.txt cannot be read: line 3 holds a NUL byte",
+    ),
     "prompts_utf16": (["--prompts", "utf16.txt"], "holds a NUL byte (a UTF-16 or binary file?)"),
     "prompts_utf16_bom": (["--prompts", "utf16bom.txt"], "line 1 holds a NUL byte (a UTF-16"),
     "prompts_empty_file": (
         ["--prompts", "empty.txt"],
-        f"--prompts 'empty.txt' holds no prompt; {PROMPTS_FIX}",
+        f"--prompts empty.txt holds no prompt; {PROMPTS_FIX}",
     ),
-    "prompts_blank_lines": (["--prompts", "blank.txt"], "--prompts 'blank.txt' holds no prompt"),
-    "prompts_a_folder": (["--prompts", "folder"], "--prompts 'folder' is a folder"),
-    "prompts_missing": (["--prompts", "missing.txt"], "--prompts 'missing.txt' does not exist"),
-    "prompts_unreadable": (["--prompts", "empty.txt/x"], "cannot be read (Not a directory)"),
+    "prompts_blank_lines": (["--prompts", "blank.txt"], "--prompts blank.txt holds no prompt"),
+    "prompts_a_folder": (
+        ["--prompts", "folder"],
+        "--prompts folder cannot be read: it is a folder",
+    ),
+    "prompts_missing": (
+        ["--prompts", "missing.txt"],
+        "--prompts missing.txt cannot be read: it does not exist",
+    ),
+    "prompts_unreadable": (
+        ["--prompts", "empty.txt/x"],
+        "--prompts empty.txt/x cannot be read: Not a directory",
+    ),
     "prompts_empty_path": (["--prompts", ""], "--prompts '' must be a non-empty path"),
     "max_new_tokens_negative": (
         ["--prompt", "a", "--max-new-tokens", "-1"],

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from octlm.config.checks import check_path, shown
 from octlm.data.chat_format import NO_SPECIALS, USER, Message, parse_messages
@@ -102,38 +102,41 @@ def read_prompts(path: str) -> list[str]:
     data = read_bytes(path)
     if b"\x00" in data:
         line = data.count(b"\n", 0, data.index(b"\x00")) + 1
-        raise OctlmError(
-            f"--prompts {shown(path)} line {line} holds a NUL byte (a UTF-16 or binary file?)",
-            PROMPTS_FIX,
-        )
+        unreadable(path, f"line {line} holds a NUL byte (a UTF-16 or binary file?)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise OctlmError(
-            f"--prompts {shown(path)} line {line} is not UTF-8 (byte {data[exc.start]:#04x})",
-            PROMPTS_FIX,
-        ) from None
+        unreadable(path, f"line {line} is not UTF-8 (byte {data[exc.start]:#04x})")
     lines = (line.removesuffix("\r") for line in text.removeprefix("\ufeff").split("\n"))
     prompts = [line for line in lines if line.strip()]
     if not prompts:
-        raise OctlmError(f"--prompts {shown(path)} holds no prompt", PROMPTS_FIX)
+        raise OctlmError(f"--prompts {named(path)} holds no prompt", PROMPTS_FIX)
     return prompts
+
+
+def named(path: str) -> str:
+    """A path as an error line shows it: whole, or as its repr where it holds a character that
+    would break the line (a newline, a byte that is not UTF-8)."""
+    return path if path.isprintable() else repr(path)
+
+
+def unreadable(path: str, why: str) -> NoReturn:
+    raise OctlmError(f"--prompts {named(path)} cannot be read: {why}", PROMPTS_FIX)
 
 
 def read_bytes(path: str) -> bytes:
     """The bytes of the `--prompts` file, or a one-line error saying why not."""
     check_path("--prompts", path)
-    where = f"--prompts {shown(path)}"
     file = Path(path)
     if file.is_dir():
-        raise OctlmError(f"{where} is a folder", PROMPTS_FIX)
+        unreadable(path, "it is a folder")
     try:
         return file.read_bytes()
     except FileNotFoundError:
-        raise OctlmError(f"{where} does not exist", PROMPTS_FIX) from None
+        unreadable(path, "it does not exist")
     except OSError as exc:
-        raise OctlmError(f"{where} cannot be read ({exc.strerror or exc})", PROMPTS_FIX) from None
+        unreadable(path, str(exc.strerror or exc))
 
 
 def check_line(number: int, line: str, interactive: bool) -> None:
