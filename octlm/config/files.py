@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainC
     return TrainConfig(**values)  # one line per bad key, type or value
 
 
+@functools.cache  # read from the source: every in-process `octlm` call builds the parser
 def field_docs() -> dict[str, str]:
     """Each TrainConfig key's docstring (the string under its field), for `--help`."""
     docs = {key: doc for cls in SECTIONS.values() for key, doc in section_docs(cls).items()}
