@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config import checks
+from octlm.config.inputs import MAX_WEIGHT, MIN_WEIGHT, WEIGHT_RULE
 from octlm.config.rules import section_docs, unknown_keys_problem
 from octlm.config.train import SECTIONS, ConfigError, TrainConfig, config_keys
 
@@ -54,14 +55,29 @@ def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any],
     if problem is not None:
         raise ConfigError(f"{path}: {problem[0]}", problem[1])
     if isinstance(data.get("data"), dict):  # a [data] table of PATH = WEIGHT: a mixture
-        for name, weight in data["data"].items():
-            if isinstance(weight, bool) or not isinstance(weight, int | float):
-                raise ConfigError(
-                    f"{path}: the weight of {name!r} in [data] is not a number",
-                    'write each dataset as PATH = WEIGHT, e.g. "data/stories" = 0.7',
-                )
-        data["data"] = ",".join(f"{name}:{weight}" for name, weight in data["data"].items())
+        data["data"] = mixture_spec(path, data["data"])
     return data, table
+
+
+def mixture_spec(path: Path, table: dict[str, Any]) -> str:
+    """A [data] table of PATH = WEIGHT as the `--data` spec PATH:WEIGHT,... it means (whose
+    weights `octlm.config.inputs.parse_mixture` then checks, as the flag's)."""
+    fix = 'write each dataset as PATH = WEIGHT, e.g. "data/stories" = 0.7'
+    if not table:
+        raise ConfigError(f"{path}: [data] names no dataset", fix)
+    for name, weight in table.items():
+        where = f"{path}: the weight of {checks.shown(name)} in [data]"
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ConfigError(f"{where} is not a number ({checks.shown(weight)})", fix)
+        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+            raise ConfigError(f"{where} is not {WEIGHT_RULE} ({checks.shown(weight)})", fix)
+        if "," in name or not name.strip():
+            raise ConfigError(
+                f"{path}: [data] names a dataset {checks.shown(name)}, which is not a path "
+                "--data can hold (empty, or a comma in it)",
+                "rename the folder, or train on it alone with data = PATH",
+            )
+    return ",".join(f"{name}:{weight}" for name, weight in table.items())
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
