@@ -37,6 +37,8 @@ from octlm.errors import OctlmError
 from octlm.tokenizer.core import Tokenizer
 
 BATCH = 16
+SHOWN_PATH = 200
+"""An error line shows at most this much of a path (a spec may be thousands of characters)."""
 SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "tasks"
 """Tasks octlm ships, named by their stem: next_line, "which line follows this one" among four
 lines of the works the embedded corpus' default split holds out (scripts/build_tasks.py)."""
@@ -164,7 +166,8 @@ def shown_path(path: Path | str) -> str:
     """A path as an error line shows it: as written, or escaped if it holds what a terminal
     would not print (a newline, a right-to-left override)."""
     text = str(path)
-    return text if text.isprintable() else ascii(text)
+    text = text if text.isprintable() else ascii(text)
+    return text if len(text) <= SHOWN_PATH else text[: SHOWN_PATH - 3] + "..."
 
 
 def task_file(path: str) -> Path:
