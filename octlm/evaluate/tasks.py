@@ -170,12 +170,21 @@ def shown_path(path: Path | str) -> str:
     return text if len(text) <= SHOWN_PATH else text[: SHOWN_PATH - 3] + "..."
 
 
+def is_file(path: Path, or_folder: bool = False) -> bool:
+    """Whether `path` is a file (or anything, with `or_folder`); False for a name the system
+    refuses to look up (too long, say), which `Path.is_file` raises for."""
+    try:
+        return path.exists() if or_folder else path.is_file()
+    except OSError:
+        return False
+
+
 def task_file(path: str) -> Path:
     """The file a task spec names: a path, else a task octlm ships."""
     file = Path(path)
-    if not file.is_file() and (SHIPPED / f"{path}.jsonl").is_file():
+    if not is_file(file) and is_file(SHIPPED / f"{path}.jsonl"):
         return SHIPPED / f"{path}.jsonl"
-    if file.is_file():
+    if is_file(file):
         name = file.stem
         if not name or any(unicodedata.category(c)[0] == "C" or c in "\u2028\u2029" for c in name):
             raise OctlmError(
@@ -185,10 +194,12 @@ def task_file(path: str) -> Path:
             )
         return file
     head, colon, tail = path.rpartition(":")
-    if colon and Path(head).is_file():
-        raise OctlmError(f"task {shown_path(path)}: N={shown(tail)} must be {Int(1)}", TASKS_FIX)
+    if colon and is_file(Path(head)):
+        raise OctlmError(
+            f"task file {shown_path(head)}: N={shown(tail)} must be {Int(1)}", TASKS_FIX
+        )
     shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.jsonl")))
-    what = "is not a file" if file.exists() else "does not exist"
+    what = "is not a file" if is_file(file, or_folder=True) else "does not exist"
     raise OctlmError(
         f"task file {shown_path(file)} {what}",
         f"pass a JSON-lines task file, or a task octlm ships: {shipped}",
