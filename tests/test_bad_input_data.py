@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from octlm.cli.main import main
+from tests.fuzz.harness import problems, run_cli
 
 TINY = ("--model", "tiny", "--context", "32", "--steps", "4", "--warmup", "1")
 RANGE = "is not a positive number from 1e-9 to 1e15"
@@ -174,57 +175,47 @@ def workdir(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
-def tree(root: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")
-    }
-
-
-def assert_refused(args: list[str], expected: str, root: Path, capsys) -> None:
-    before = tree(root)
-    code = main(args)
-    out, err = capsys.readouterr()
-    assert code != 0, out
-    lines = err.splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("octlm: error: ") and expected in lines[0], lines[0]
-    assert "; " in lines[0] and len(lines[0]) < 600  # a problem, then its fix
-    assert tree(root) == before  # nothing written, nothing lost
+def assert_refused(args: list[str], expected: str, root: Path) -> None:
+    """`octlm ARGS` refused in one line holding `expected`, the tree unchanged (the fuzz's
+    four properties, tests/fuzz/harness.py)."""
+    outcome = run_cli(args, root)
+    assert outcome.code != 0 and not problems(outcome), (problems(outcome), outcome.err)
+    assert expected in outcome.err and "; " in outcome.err, outcome.err
 
 
 @pytest.mark.parametrize("case", MIXTURE_FLAGS, ids=MIXTURE_FLAGS)
-def test_a_bad_mixture_is_one_line(case, workdir, capsys) -> None:
+def test_a_bad_mixture_is_one_line(case, workdir) -> None:
     spec, expected = MIXTURE_FLAGS[case]
-    assert_refused(["train", *TINY, "--out", "run", "--data", spec], expected, workdir, capsys)
+    assert_refused(["train", *TINY, "--out", "run", "--data", spec], expected, workdir)
 
 
 @pytest.mark.parametrize("case", MIXTURE_TOML, ids=MIXTURE_TOML)
-def test_a_bad_data_table_is_one_line(case, workdir, capsys) -> None:
+def test_a_bad_data_table_is_one_line(case, workdir) -> None:
     table, expected = MIXTURE_TOML[case]
     (workdir / "mix.toml").write_text('model = "tiny"\ncontext = 32\n[data]\n' + table + "\n")
     for command in (["train", "--out", "run"], ["train", "--print-config"]):
-        assert_refused([*command, "--config", "mix.toml"], expected, workdir, capsys)
+        assert_refused([*command, "--config", "mix.toml"], expected, workdir)
 
 
 @pytest.mark.parametrize("case", TASK_FILES, ids=TASK_FILES)
-def test_a_bad_task_file_is_one_line(case, workdir, capsys) -> None:
+def test_a_bad_task_file_is_one_line(case, workdir) -> None:
     content, expected = TASK_FILES[case]
     data = content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass")
     (workdir / "t.jsonl").write_bytes(data)
-    assert_refused(["eval", "trained", "--tasks", "t.jsonl"], expected, workdir, capsys)
+    assert_refused(["eval", "trained", "--tasks", "t.jsonl"], expected, workdir)
 
 
 @pytest.mark.parametrize("case", TASK_SPECS, ids=TASK_SPECS)
-def test_a_bad_task_spec_is_one_line(case, workdir, capsys) -> None:
+def test_a_bad_task_spec_is_one_line(case, workdir) -> None:
     spec, expected = TASK_SPECS[case]
-    assert_refused(["eval", "trained", "--tasks", spec], expected, workdir, capsys)
+    assert_refused(["eval", "trained", "--tasks", spec], expected, workdir)
 
 
 @pytest.mark.parametrize("case", TRAIN_EVAL_TASKS, ids=TRAIN_EVAL_TASKS)
-def test_a_bad_eval_tasks_setting_is_one_line(case, workdir, capsys) -> None:
+def test_a_bad_eval_tasks_setting_is_one_line(case, workdir) -> None:
     spec, expected = TRAIN_EVAL_TASKS[case]
     for command in (["train", *TINY, "--out", "run"], ["train", "--print-config"]):
-        assert_refused([*command, "--eval-tasks", spec], expected, workdir, capsys)
+        assert_refused([*command, "--eval-tasks", spec], expected, workdir)
 
 
 def test_a_good_mixture_and_task_spec_still_pass(workdir, capsys) -> None:
@@ -235,28 +226,26 @@ def test_a_good_mixture_and_task_spec_still_pass(workdir, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_a_bad_task_file_is_refused_before_the_first_step(workdir, tiny_dataset, capsys) -> None:
+def test_a_bad_task_file_is_refused_before_the_first_step(workdir, tiny_dataset) -> None:
     (workdir / "t.jsonl").write_text(line(OK) + line({**OK, "gold": 5}), encoding="utf-8")
     args = ["train", *TINY, "--data", str(tiny_dataset), "--micro-batch", "2", "--accum", "1"]
     args += ["--no-progress", "--eval-tasks", "t.jsonl"]
-    before = tree(workdir)
-    assert_refused([*args, "--out", "new"], "t.jsonl:2: field 'gold'", workdir, capsys)
+    assert_refused([*args, "--out", "new"], "t.jsonl:2: field 'gold'", workdir)
     assert not (workdir / "new").exists()
     # An existing folder: no log, no checkpoint (the trainer's lock file may appear).
     (workdir / "old").mkdir()
     (workdir / "old" / "note.txt").write_text("mine\n")
-    before = tree(workdir)
-    assert main([*args, "--out", "old"]) != 0
-    assert "t.jsonl:2: field 'gold'" in capsys.readouterr().err
-    assert {k: v for k, v in tree(workdir).items() if k != "old/.lock"} == before
+    outcome = run_cli([*args, "--out", "old"], workdir)
+    assert outcome.code != 0 and "t.jsonl:2: field 'gold'" in outcome.err
+    assert outcome.changed == ["old/.lock"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["gold_out_of_range", "invalid_utf8", "arc_answer_unknown"])
-def test_a_bad_task_file_is_one_line_for_a_trained_run(case, workdir, straight_run, capsys):
+def test_a_bad_task_file_is_one_line_for_a_trained_run(case, workdir, straight_run) -> None:
     shutil.rmtree(workdir / "trained")
     shutil.copytree(straight_run(), workdir / "trained")
     content, expected = TASK_FILES[case]
     data = content if isinstance(content, bytes) else content.encode("utf-8")
     (workdir / "t.jsonl").write_bytes(data)
-    assert_refused(["eval", "trained", "--tasks", "t.jsonl"], expected, workdir, capsys)
+    assert_refused(["eval", "trained", "--tasks", "t.jsonl"], expected, workdir)
