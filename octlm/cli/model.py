@@ -128,7 +128,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from octlm.evaluate.tasks import read_tasks
     from octlm.generation.trained import load_model, merged_last
 
-    tasks = read_tasks(args.tasks) if args.tasks else []  # bad files refused before loading
+    # Bad files (and an empty list) are refused before the model is loaded.
+    tasks = read_tasks(args.tasks) if args.tasks is not None else []
     model, info = load_model(args.run, device=args.device)
     scores = _evaluate(args, model, info, tasks)
     last = merged_last(info)

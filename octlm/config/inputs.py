@@ -7,6 +7,7 @@ Torch-free.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -28,9 +29,23 @@ Mixture = tuple[tuple[str, float], ...]
 _MIXTURE_PART = re.compile(r"(?P<path>.+):(?P<weight>[^:,]+)")
 
 
+# A weight is a share: only the ratios count (0.7,0.3 and 7,3 are one mixture). Each must lie
+# in [MIN_WEIGHT, MAX_WEIGHT]: wide enough for fractions, percentages and token counts (a
+# trillion tokens is 1e12), narrow enough that the sum of any mixture stays a finite float and
+# no normalised share is subnormal (1e308 + 1e308 overflows, 1e-320 has a few bits left). And
+# each share must win a dataset at least one of the STRATUM slots the sampler deals per 1,000
+# samples (octlm.data.mixture): a smaller one would never be read, a mixture in name only.
+MIN_WEIGHT, MAX_WEIGHT = 1e-9, 1e15
+STRATUM = 1000
+"""Samples per stratum of a mixture's source choice; `octlm.data.mixture` deals them."""
+WEIGHT_RULE = "a positive number from 1e-9 to 1e15"
+
+
 def parse_mixture(spec: str) -> Mixture | None:
     """`--data A:0.7,B:0.3` as [(A, 0.7), (B, 0.3)]; None for a single dataset path (no
-    weights). Raises ValueError naming a weight that is not a positive finite number."""
+    weights). Raises ValueError naming a weight out of range (WEIGHT_RULE), a share below one
+    sample in STRATUM, or a dataset named twice (paths compared resolved: `D`, `D/`, `./D` and
+    a link to D are one dataset)."""
     parts = spec.split(",")
     found = [_MIXTURE_PART.fullmatch(p.strip()) for p in parts]
     if len(parts) == 1 and not _is_weighted(found[0]):
@@ -38,18 +53,43 @@ def parse_mixture(spec: str) -> Mixture | None:
     out = []
     for part, match in zip(parts, found, strict=True):
         if match is None:
-            raise ValueError(f"{part.strip()!r} is not PATH:WEIGHT")
+            raise ValueError(f"{checks.shown(part.strip())} is not PATH:WEIGHT")
         try:
             weight = float(match["weight"])
         except ValueError:
-            raise ValueError(f"the weight of {part.strip()!r} is not a number") from None
-        if not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"the weight of {part.strip()!r} is not a positive number")
+            raise ValueError(
+                f"the weight of {checks.shown(part.strip())} is not a number"
+            ) from None
+        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+            raise ValueError(f"the weight of {checks.shown(part.strip())} is not {WEIGHT_RULE}")
         out.append((match["path"].strip(), weight))
-    paths = [p for p, _ in out]
-    if len(set(paths)) != len(paths):
-        raise ValueError("a dataset is named twice")
+    _check_shares(out)
+    _check_distinct([p for p, _ in out])
     return tuple(out)
+
+
+def _check_shares(parts: list[tuple[str, float]]) -> None:
+    total = math.fsum(w for _, w in parts)
+    for path, weight in parts:
+        if weight * STRATUM < total:
+            raise ValueError(
+                f"the weight of {checks.shown(path)} is {weight / total:.3g} of the whole, less "
+                f"than one sample in {STRATUM:,}, so it would never be read"
+            )
+
+
+def _check_distinct(paths: list[str]) -> None:
+    resolved: dict[str, str] = {}
+    for path in paths:
+        key = os.path.realpath(path)
+        if key in resolved:
+            first = resolved[key]
+            again = "" if first == path else f" (as {checks.shown(path)})"
+            raise ValueError(
+                f"the dataset {checks.shown(first)} is named twice{again}: both are "
+                f"{checks.shown(key)}"
+            )
+        resolved[key] = path
 
 
 def _is_weighted(match: re.Match | None) -> bool:
@@ -70,7 +110,9 @@ def check_data(data: str | None, blocks: str | None, overfit_blocks: int) -> Mix
         mixture = parse_mixture(data) if data else None
     except ValueError as exc:
         raise ConfigError(
-            f"--data {data!r}: {exc}", "write datasets and weights as PATH:WEIGHT,PATH:WEIGHT"
+            f"--data {checks.shown(data)}: {exc}",
+            f"write datasets and weights as PATH:WEIGHT,PATH:WEIGHT, each dataset once, each "
+            f"weight {WEIGHT_RULE} and at least 1/{STRATUM:,} of their sum",
         ) from None
     if mixture is not None:
         require(blocks is None, "--blocks trains on one text file, not a mixture", "drop one")

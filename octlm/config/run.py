@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from octlm.config import checks
 from octlm.config.rules import (
+    ConfigError,
     check_section,
     declared_rules,
     new_trajectory,
@@ -24,6 +25,39 @@ DEVICE_PATTERN = r"auto|(cpu|cuda|mps)(:\d+)?"  # what octlm.device.resolve_devi
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0
 """A week: no collective waits longer for a peer (torch's own default is 30 minutes)."""
 TRACKERS = ("tensorboard", "wandb")  # --log-to (octlm.trackers); each is its own extra
+_LOOKS_NUMERIC = re.compile(r"[-+]?[\d_.]*\d[\d_.]*(e[-+]?\d+)?", re.IGNORECASE)
+_INTEGER = re.compile(r"[-+]?\d+")
+TASKS_FIX = "name task files as FILE[:N],FILE[:N] (N: its first N questions; docs/evaluation.md)"
+
+
+def task_specs(label: str, text: str) -> list[tuple[str, int | None]]:
+    """`FILE[:N],FILE[:N]` (--tasks, eval_tasks) as (FILE, N or None) pairs, checked before any
+    file is read: at least one file, each N an integer from 1."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        given = (
+            f"{label} {checks.shown(text)}"
+            if label.startswith("--")
+            else f"{label}={checks.shown(text)}"
+        )
+        raise ConfigError(f"{given} names no task file", TASKS_FIX)
+    return [task_spec(label, part) for part in parts]
+
+
+def task_spec(label: str, part: str) -> tuple[str, int | None]:
+    """One `FILE[:N]`; `FILE:abc` is left whole (a path with a colon, which
+    `octlm.evaluate.tasks.read_task` refuses when FILE is a file)."""
+    head, colon, tail = part.rpartition(":")
+    tail = tail.strip()
+    if not (colon and head.strip() and _LOOKS_NUMERIC.fullmatch(tail)):
+        return part, None
+    count = int(tail) if _INTEGER.fullmatch(tail) and len(tail) < 40 else tail
+    if not checks.Int(1).ok(count):
+        raise ConfigError(
+            f"{label}: N={checks.shown(count)} in {checks.shown(part)} must be {checks.Int(1)}",
+            TASKS_FIX,
+        )
+    return head.strip(), count  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,6 +115,8 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         check_section(self)
+        if self.eval_tasks is not None:  # the files are read when the run is built
+            task_specs("eval_tasks", self.eval_tasks)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

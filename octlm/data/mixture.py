@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from octlm.config.inputs import STRATUM
 from octlm.data.epoch import permute, sample_blocks
 from octlm.data.windows import Batch, Windows
 from octlm.hashing import sha256_json
 
-STRATUM = 1000
 MIXTURE = "stratified-1000/v1"
 """Names the source choice in sampler states: another would read other sources."""
 _DOMAIN = "octlm/mixture/v1"
@@ -82,9 +82,13 @@ class MixtureSampler:
     def __post_init__(self) -> None:
         self.quotas = quotas(self.weights)
         self.sizes = [len(w) for w in self.sources]
-        for name, size in zip(self.names, self.sizes, strict=True):
+        for name, size, quota in zip(self.names, self.sizes, self.quotas, strict=True):
             if size < 1:
                 raise ValueError(f"source {name} has no training window")
+            if quota < 1:  # --data refuses such weights first (octlm.config.inputs)
+                raise ValueError(
+                    f"source {name} gets no sample in {STRATUM:,}: its share is too small"
+                )
 
     @property
     def global_batch(self) -> int:
@@ -184,21 +188,29 @@ class MixtureSampler:
         if state["step"] != step or state["seed"] != self.seed or state["order"] != self.order:
             raise ValueError("the mixture's state belongs to another step, seed or order")
         ours = self.layout()
+        # The weights are shares: 7,3 resumes what 0.7,0.3 started (as the data fingerprint,
+        # which holds them normalised), and draws the same quotas.
+        theirs = {**state, "weights": normalised(state["weights"])}
+        ours["weights"] = normalised(ours["weights"])
         for key in ("sources", "weights", "windows", "layouts"):
-            if state[key] != ours[key]:
+            if theirs[key] != ours[key]:
                 raise ValueError(
-                    f"the checkpoint's mixture has other {key} ({state[key]} vs {ours[key]})"
+                    f"the checkpoint's mixture has other {key} ({theirs[key]} vs {ours[key]})"
                 )
         if state["source_samples"] != self.source_counts(step).tolist():
             raise ValueError("the mixture's source choice changed since the checkpoint")
+
+
+def normalised(weights: list[float]) -> list[float]:
+    """Each weight over their sum (as the fingerprint has always held them)."""
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
 def mixture_fingerprint(fingerprints: list[str], weights: list[float]) -> str:
     """The data fingerprint of a mixture: its sources' fingerprints in order and their weights
     (normalised), so a resume with other weights is refused as other data (the paths are not
     in it: a dataset moved elsewhere is the same data)."""
-    total = sum(weights)
-    sources = [
-        {"fingerprint": f, "weight": w / total} for f, w in zip(fingerprints, weights, strict=True)
-    ]
+    shares = normalised(weights)
+    sources = [{"fingerprint": f, "weight": w} for f, w in zip(fingerprints, shares, strict=True)]
     return sha256_json({"mixture": MIXTURE, "sources": sources})

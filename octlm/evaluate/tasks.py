@@ -21,7 +21,9 @@ Scoring runs in eval mode under no_grad inside `fork_rng`: it never moves a trai
 
 from __future__ import annotations
 
+import io
 import json
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,10 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octlm.config.checks import Int, is_int, shown
+from octlm.config.run import TASKS_FIX, task_spec, task_specs
 from octlm.errors import OctlmError
 from octlm.tokenizer.core import Tokenizer
 
 BATCH = 16
+SHOWN_PATH = 200
+"""An error line shows at most this much of a path (a spec may be thousands of characters)."""
 SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "tasks"
 """Tasks octlm ships, named by their stem: next_line, "which line follows this one" among four
 lines of the works the embedded corpus' default split holds out (scripts/build_tasks.py)."""
@@ -59,69 +65,208 @@ class TaskScore:
     questions: int
 
 
-def question_of(record: dict, where: str) -> Question:
-    """One line of a task file, in any of the three layouts (see the module docstring)."""
-    if "ctx" in record and "endings" in record:  # HellaSwag
-        return Question(record["ctx"], tuple(record["endings"]), int(record["label"]))
-    if "answerKey" in record:  # ARC
-        labels, texts = record["choices"]["label"], record["choices"]["text"]
-        context = f"Question: {record['question']}\nAnswer:"
-        return Question(context, tuple(texts), labels.index(record["answerKey"]))
-    if not {"context", "choices", "gold"} <= set(record):
+LINE_FIX = "fix that line of the task file (docs/evaluation.md: task files)"
+
+
+class TaskLineError(OctlmError):
+    """One field of one line of a task file is wrong: `field` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"field {field!r}: {problem}", LINE_FIX)
+
+
+def text_field(record: dict, key: str, default: str | None = None) -> str:
+    """`record[key]`, a string encodable as UTF-8 (no lone surrogate)."""
+    if key not in record and default is not None:
+        return default
+    if key not in record:
+        raise TaskLineError(key, "is missing")
+    return checked_text(record[key], key)
+
+
+def checked_text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise TaskLineError(name, f"must be a string, not {shown(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TaskLineError(name, f"holds a lone surrogate ({shown(value)})") from None
+    return value
+
+
+def texts_field(record: dict, key: str, where: str = "") -> tuple[str, ...]:
+    """`record[key]`, a non-empty list of strings."""
+    value = record.get(key)
+    name = f"{where}{key}"
+    if key not in record:
+        raise TaskLineError(name, "is missing")
+    if not isinstance(value, list) or not value:
+        raise TaskLineError(name, f"must be a non-empty list of strings, not {shown(value)}")
+    return tuple(checked_text(v, f"{name}[{i}]") for i, v in enumerate(value))
+
+
+def index_field(record: dict, key: str, choices: int) -> int:
+    """`record[key]`, the right choice's index: an integer (or its digits, as HellaSwag's
+    files write it) from 0 to `choices` - 1."""
+    if key not in record:
+        raise TaskLineError(key, "is missing")
+    value = record[key]
+    digits = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 20
+    if (is_int(value) or digits) and 0 <= int(value) < choices:
+        return int(value)
+    if is_int(value) or digits:
+        raise TaskLineError(
+            key, f"{key} {shown(value)} is not one of the choices (0 to {choices - 1})"
+        )
+    raise TaskLineError(key, f"must be an integer from 0 to {choices - 1}, not {shown(value)}")
+
+
+def question_of(record: object) -> Question:
+    """One line of a task file, in any of the three layouts (see the module docstring); a
+    TaskLineError names the field that is wrong."""
+    if not isinstance(record, dict):
+        raise OctlmError(f"is not a JSON object but {shown(record)}", LINE_FIX)
+    if "ctx" in record or "endings" in record:  # HellaSwag
+        endings = texts_field(record, "endings")
+        return Question(
+            text_field(record, "ctx"), endings, index_field(record, "label", len(endings))
+        )
+    if "answerKey" in record or "question" in record:  # ARC
+        return arc_question(record)
+    if not {"context", "choices", "gold"} & set(record):
         raise OctlmError(
-            f"{where} has none of the task layouts (keys {sorted(record)})",
+            f"has none of the task layouts (keys {shown(sorted(record))})",
             'write {"context": ..., "choices": [...], "gold": N} (or HellaSwag or ARC lines)',
         )
+    choices = texts_field(record, "choices")
+    gold = index_field(record, "gold", len(choices))
     return Question(
-        record["context"],
-        tuple(record["choices"]),
-        int(record["gold"]),
-        record.get("delimiter", " "),
+        text_field(record, "context"), choices, gold, text_field(record, "delimiter", " ")
     )
+
+
+def arc_question(record: dict) -> Question:
+    question, table = text_field(record, "question"), record.get("choices")
+    if not isinstance(table, dict):
+        raise TaskLineError(
+            "choices", f'must be {{"text": [...], "label": [...]}}, not {shown(table)}'
+        )
+    texts, labels = texts_field(table, "text", "choices."), texts_field(table, "label", "choices.")
+    if len(labels) != len(texts) or len(set(labels)) != len(labels):
+        raise TaskLineError("choices.label", f"must be {len(texts)} distinct labels, one per text")
+    key = text_field(record, "answerKey")
+    if key not in labels:
+        raise TaskLineError(
+            "answerKey", f"{shown(key)} is not one of the labels {shown(list(labels))}"
+        )
+    return Question(f"Question: {question}\nAnswer:", texts, labels.index(key))
+
+
+def shown_path(path: Path | str) -> str:
+    """A path as an error line shows it: as written, or escaped if it holds what a terminal
+    would not print (a newline, a right-to-left override)."""
+    text = str(path)
+    text = text if text.isprintable() else ascii(text)
+    return text if len(text) <= SHOWN_PATH else text[: SHOWN_PATH - 3] + "..."
+
+
+def is_file(path: Path, or_folder: bool = False) -> bool:
+    """Whether `path` is a file (or anything, with `or_folder`); False for a name the system
+    refuses to look up (too long, say), which `Path.is_file` raises for."""
+    try:
+        return path.exists() if or_folder else path.is_file()
+    except OSError:
+        return False
+
+
+def task_file(path: str) -> Path:
+    """The file a task spec names: a path, else a task octlm ships."""
+    file = Path(path)
+    if not is_file(file) and is_file(SHIPPED / f"{path}.jsonl"):
+        return SHIPPED / f"{path}.jsonl"
+    if is_file(file):
+        name = file.stem
+        if not name or any(unicodedata.category(c)[0] == "C" or c in "\u2028\u2029" for c in name):
+            raise OctlmError(
+                f"task file {shown_path(file)}: its name {ascii(name)} holds a control or "
+                "invisible character, and names the task in the log",
+                "rename the file (the task's name is the file's stem)",
+            )
+        return file
+    head, colon, tail = path.rpartition(":")
+    if colon and is_file(Path(head)):
+        raise OctlmError(
+            f"task file {shown_path(head)}: N={shown(tail)} must be {Int(1)}", TASKS_FIX
+        )
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.jsonl")))
+    what = "is not a file" if is_file(file, or_folder=True) else "does not exist"
+    raise OctlmError(
+        f"task file {shown_path(file)} {what}",
+        f"pass a JSON-lines task file, or a task octlm ships: {shipped}",
+    )
+
+
+def task_lines(file: Path) -> list[tuple[int, str]]:
+    """(line number, text) of each non-blank line of a task file, read as UTF-8."""
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise OctlmError(f"cannot read task file {shown_path(file)} ({exc.strerror})",
+                         "make it readable") from None  # fmt: skip
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise OctlmError(
+            f"{shown_path(file)}:{line} is not UTF-8 (byte {data[exc.start]:#04x})",
+            "save the task file as UTF-8",
+        ) from None
+    lines = io.StringIO(text, newline=None)
+    return [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
 
 
 def read_task(spec: str) -> Task:
     """`FILE` or `FILE:N` (its first N questions) as a Task named by the file's stem."""
-    path, _, count = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
-    limit = int(count) if count else None
-    file = Path(path)
-    if not file.is_file() and (SHIPPED / f"{path}.jsonl").is_file():
-        file = SHIPPED / f"{path}.jsonl"
-    if not file.is_file():
-        shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.jsonl")))
-        raise OctlmError(
-            f"task file {file} does not exist",
-            f"pass a JSON-lines task file, or a task octlm ships: {shipped}",
-        )
-    questions = []
-    with file.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if limit is not None and len(questions) == limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{file}:{number}"
-            try:
-                question = question_of(json.loads(line), where)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
-                raise OctlmError(
-                    f"{where} is not a task question ({exc})", "fix that line of the task file"
-                ) from None
-            if not question.choices or not 0 <= question.gold < len(question.choices):
-                raise OctlmError(f"{where}: gold {question.gold} is not one of the choices",
-                                 "give the index of the right choice, from 0")  # fmt: skip
-            questions.append(question)
+    return load_task(*task_spec("task", spec.strip()))
+
+
+def load_task(path: str, limit: int | None) -> Task:
+    """The first `limit` questions (all: None) of a task file or shipped task, each line
+    checked field by field: an error names the file, the line and the field."""
+    file = task_file(path)
+    questions: list[Question] = []
+    for number, line in task_lines(file):
+        if limit is not None and len(questions) == limit:
+            break
+        where = f"{shown_path(file)}:{number}"
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise OctlmError(
+                f"{where} is not a task question ({shown(str(exc))})", LINE_FIX
+            ) from None
+        try:
+            questions.append(question_of(record))
+        except OctlmError as exc:
+            raise OctlmError(f"{where}: {exc.problem}", exc.fix) from None
     if not questions:
-        raise OctlmError(f"task file {file} holds no question", "add questions, one per line")
+        raise OctlmError(
+            f"task file {shown_path(file)} holds no question", "add questions, one per line"
+        )
     return Task(file.stem, tuple(questions))
 
 
-def read_tasks(specs: str) -> list[Task]:
-    """`FILE[:N],FILE[:N]` as tasks; two of one name are refused (their numbers would mix)."""
-    tasks = [read_task(s.strip()) for s in specs.split(",") if s.strip()]
+def read_tasks(specs: str, label: str = "--tasks") -> list[Task]:
+    """`FILE[:N],FILE[:N]` as tasks (at least one); two of one name are refused (their numbers
+    would mix)."""
+    tasks = [load_task(path, limit) for path, limit in task_specs(label, specs)]
     names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
-        raise OctlmError("two task files share a name", "rename one (the name is the file's stem)")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise OctlmError(
+            f"two task files share the name {shown(twice[0])}",
+            "rename one (the name is the file's stem)",
+        )
     return tasks
 
 
