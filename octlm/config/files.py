@@ -109,9 +109,9 @@ def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainC
     return TrainConfig(**values)  # one line per bad key, type or value
 
 
-@functools.cache  # read from the source: every in-process `octlm` call builds the parser
 def field_docs() -> dict[str, str]:
-    """Each TrainConfig key's docstring (the string under its field), for `--help`."""
+    """Each TrainConfig key's docstring (the string under its field), for `--help`: a copy, so
+    a caller may change it."""
     return dict(_field_docs())
 
 
