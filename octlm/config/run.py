@@ -6,8 +6,10 @@ on (`HardwareSettings`), how often it is evaluated (`EvalSettings`), its folder 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from octlm.config import checks
 from octlm.config.rules import (
@@ -24,6 +26,10 @@ DEVICE_PATTERN = r"auto|(cpu|cuda|mps)(:\d+)?"  # what octlm.device.resolve_devi
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0
 """A week: no collective waits longer for a peer (torch's own default is 30 minutes)."""
 TRACKERS = ("tensorboard", "wandb")  # --log-to (octlm.trackers); each is its own extra
+PROFILE_FOLDER = "profile"
+PROFILE_FILES = ("trace.json", "ops.txt", "memory.pickle")
+"""What --profile-steps and --memory-snapshot write in OUT/profile/ (rank 0's names; the others
+add -rankN before the suffix): octlm.trainer.profile writes them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,3 +164,22 @@ RULES = {
     **declared_rules(RunSettings),
     **declared_rules(ObserveSettings),
 }
+
+
+def profile_out_problem(out: str) -> tuple[str, str] | None:
+    """Why OUT/profile/ could not take the profile's files, checked before the run starts (a
+    run must not train for hours, then fail writing them); None when it can."""
+    folder = Path(out) / PROFILE_FOLDER
+    fix = "move it away, or choose another --out (or drop --profile-steps/--memory-snapshot)"
+    shown = checks.shown_path(folder)
+    if folder.exists() and not folder.is_dir():
+        return f"the profile goes to {shown}/, which is a file", fix
+    for name in PROFILE_FILES:
+        if (folder / name).is_dir():
+            return f"the profile writes {checks.shown_path(folder / name)}, which is a folder", fix
+    existing = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"the profile goes to {shown}/, under {checks.shown_path(existing)}, a file", fix
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"the profile goes to {shown}/, but {checks.shown_path(existing)} is read-only", fix
+    return None
