@@ -58,15 +58,19 @@ class HardwareSettings:
 
     def __post_init__(self) -> None:
         check_section(self)
-        require(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
+        require(
+            self.dtype in DTYPES,
+            f"dtype {checks.shown(self.dtype)} is unknown",
+            f"use one of {DTYPES}",
+        )
         require(
             self.parallel in ("ddp", "fsdp"),
-            f"parallel {self.parallel!r} is unknown",
+            f"parallel {checks.shown(self.parallel)} is unknown",
             "use ddp or fsdp",
         )
         require(
             re.fullmatch(DEVICE_PATTERN, self.device) is not None,
-            f"device {self.device!r} is unknown",
+            f"device {checks.shown(self.device)} is unknown",
             "use cpu, cuda, cuda:N, mps or auto",
         )
 
@@ -153,7 +157,7 @@ class ObserveSettings:
         for name in (self.log_to or "").split(","):
             require(
                 name.strip() in TRACKERS + ("",),
-                f"log_to names an unknown tracker {name.strip()!r}",
+                f"log_to names an unknown tracker {checks.shown(name.strip())}",
                 f"use a comma-separated list of {', '.join(TRACKERS)}",
             )
 

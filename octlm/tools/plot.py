@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octlm.config.checks import shown_path
 from octlm.data.shards import MANIFEST_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write
@@ -50,7 +51,7 @@ def load_series(run: str | Path) -> RunSeries:
     headers = [r for r in records if r["type"] == "header"]
     steps = complete("step", STEP_KEYS)
     if not headers or not steps:
-        raise OctlmError(f"{folder} has no training steps logged yet", "train it first")
+        raise OctlmError(f"{shown_path(folder)} has no training steps logged yet", "train it first")
     return RunSeries(folder.name, headers[0], steps, complete("val", VAL_KEYS))
 
 
