@@ -86,7 +86,7 @@ def check_file_out(flag: str, out: Path, kinds: tuple[str, ...] = ()) -> None:
     """An output file: not an existing folder, no file among its parents, and (given `kinds`,
     the suffixes it may end in) one of those, or none (the writer's default)."""
     if out.is_dir():
-        example = f"out.{sorted(kinds)[0]}" if kinds else "out.html"
+        example = "out.png" if kinds else "out.html"
         raise OctlmError(f"{shown_path(out)} is a folder", f"name a file, e.g. {flag} {example}")
     check_no_file_above(flag, out)
     allowed = sorted(kinds)
