@@ -161,21 +161,17 @@ def assert_refused(args: list[str], expected: str, root: Path, capsys) -> None:
     assert tree(root) == before  # nothing written, nothing lost
 
 
-@pytest.mark.parametrize("case", MERGE_ARGS, ids=MERGE_ARGS)
-def test_a_bad_merge_is_one_line(case, workdir, capsys) -> None:
-    args, expected = MERGE_ARGS[case]
-    assert_refused(args, expected, workdir, capsys)
+OUTPUTS = {
+    f"{kind}-{name}": case
+    for kind, table in (("merge", MERGE_ARGS), ("export", EXPORT), ("pages", PAGES))
+    for name, case in table.items()
+}
+OUTPUTS.update({f"long-{name}": case for name, case in LONG_VALUES.items()})
 
 
-@pytest.mark.parametrize("case", EXPORT, ids=EXPORT)
-def test_a_bad_export_out_is_one_line(case, workdir, capsys) -> None:
-    args, expected = EXPORT[case]
-    assert_refused(args, expected, workdir, capsys)
-
-
-@pytest.mark.parametrize("case", PAGES, ids=PAGES)
-def test_a_bad_page_or_image_out_is_one_line(case, workdir, capsys) -> None:
-    args, expected = PAGES[case]
+@pytest.mark.parametrize("case", OUTPUTS, ids=OUTPUTS)
+def test_a_bad_output_or_merge_is_one_line(case, workdir, capsys) -> None:
+    args, expected = OUTPUTS[case]
     assert_refused(args, expected, workdir, capsys)
 
 
@@ -202,12 +198,6 @@ def test_a_rope_base_that_cannot_rotate_is_one_line(case, workdir, capsys) -> No
     value, expected = ROPE[case]
     for command in (["train", "--out", "new"], ["train", "--print-config"]):
         assert_refused([*command, *TINY, "--rope-base", value], expected, workdir, capsys)
-
-
-@pytest.mark.parametrize("case", LONG_VALUES, ids=LONG_VALUES)
-def test_a_long_value_is_quoted_short(case, workdir, capsys) -> None:
-    args, expected = LONG_VALUES[case]
-    assert_refused(args, expected, workdir, capsys)
 
 
 def test_a_shipped_rope_base_still_trains(workdir, capsys) -> None:
