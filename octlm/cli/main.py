@@ -17,13 +17,19 @@ from typing import Any
 from octlm import __version__
 from octlm.cli.data import add_data_commands
 from octlm.cli.model import add_model_commands, run_parser
+from octlm.config.checks import shown, shown_path
 from octlm.config.files import field_docs, load_toml, make_config, sectioned_toml
 from octlm.config.run import DTYPES
 from octlm.config.train import SECTIONS, TrainConfig, config_keys
 from octlm.errors import OctlmError, RankError
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
-from octlm.tools.report.report import build_playground, build_report, write_page
+from octlm.tools.report.report import (
+    build_playground,
+    build_report,
+    check_page_out,
+    write_page,
+)
 from octlm.tools.rundiff import diff_folders
 from octlm.tools.sweep import run_sweep
 from octlm.tools.sweep_plan import base_from
@@ -157,12 +163,14 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    check_page_out(args.out)  # before any run is read
     out = write_page(build_report(args.runs, title=args.title), args.out)
     print(f"wrote {out} ({len(args.runs)} run{'s' * (len(args.runs) > 1)}; open it in a browser)")
     return 0
 
 
 def _cmd_playground(args: argparse.Namespace) -> int:
+    check_page_out(args.out)
     out = write_page(build_playground(), args.out)
     print(f"wrote {out} (schedule and clipping playgrounds; open it in a browser)")
     return 0
@@ -338,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)
         return 0
     except OSError as exc:  # disk full, permissions, a file where a folder should be
-        problem = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        problem = f"{exc.strerror or shown(str(exc))}"
+        problem += f": {shown_path(exc.filename)}" if exc.filename else ""
         print(f"octlm: error: {problem}; check the path and free space", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -120,7 +120,7 @@ def _add_merge(sub: Any) -> None:
         help="score the merge and the newest checkpoint on this many validation micro-batches "
         "of 16 (recorded in merge.json, drawn by `octlm report`); 0 = do not",
     )
-    me.add_argument("--force", action="store_true", help="write into a folder that is not empty")
+    me.add_argument("--force", action="store_true", help="replace the folder of an earlier merge")
     me.set_defaults(handler=_cmd_merge)
 
 
@@ -196,9 +196,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from octlm.tools.merge import compare_with_last, last_checkpoints, merge
+    from octlm.tools.merge import (
+        check_merge_out,
+        check_weights,
+        compare_with_last,
+        last_checkpoints,
+        merge,
+    )
     from octlm.trainer.checkpoint import find_checkpoint
 
+    check_merge_out(Path(args.out), args.force)  # before any checkpoint is read
+    weights = None if args.weights is None else _weights(args.weights)
+    if weights:
+        check_weights(weights)
+    checks.check("--eval-batches", args.eval_batches, checks.Int(0), "use 0 to skip, or more")
     if args.last is not None:
         checks.check("--last", args.last, checks.Int(2), "merge 2 or more checkpoints")
         if len(args.sources) != 1:
@@ -206,8 +217,6 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         sources = last_checkpoints(Path(args.sources[0]), args.last)
     else:
         sources = [find_checkpoint(source) for source in args.sources]
-    weights = None if args.weights is None else _weights(args.weights)
-    checks.check("--eval-batches", args.eval_batches, checks.Int(0), "use 0 to skip, or more")
     path, digest = merge(sources, weights, Path(args.out), args.force)
     print(f"merged {len(sources)} checkpoints into {path}: weights_sha256 {digest}")
     if args.eval_batches:
@@ -225,7 +234,7 @@ def _weights(text: str) -> list[float]:
         return [float(w) for w in text.split(",")]
     except ValueError:
         raise OctlmError(
-            f"--weights {text} is not a list of numbers", "e.g. --weights 1,1,2"
+            f"--weights {checks.shown(text)} is not a list of numbers", "e.g. --weights 1,1,2"
         ) from None
 
 

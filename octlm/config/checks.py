@@ -27,6 +27,7 @@ from octlm.errors import OctlmError
 MAX_INT = 2**53 - 1
 PROCESSES_PER_CORE = 4
 _SHOWN_CHARS = 60
+_PATH_CHARS = 160
 
 
 def is_int(value: Any) -> bool:
@@ -116,6 +117,13 @@ def shown(value: Any) -> str:
     """`repr(value)`, cut to one short line."""
     text = repr(value)
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def shown_path(path: Any) -> str:
+    """A path as it reads, when short and printable; else `shown` (quoted, escaped, cut): an
+    error line quotes at most a short prefix of what a user typed, never a newline of it."""
+    text = os.fspath(path) if isinstance(path, os.PathLike) else str(path)
+    return text if len(text) <= _PATH_CHARS and text.isprintable() else shown(text)
 
 
 def problem(label: str, value: Any, rule: Int | Number | Bool | Text) -> str | None:

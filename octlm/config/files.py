@@ -13,7 +13,7 @@ from typing import Any
 
 from octlm.config import checks
 from octlm.config.inputs import MAX_WEIGHT, MIN_WEIGHT, WEIGHT_RULE
-from octlm.config.rules import section_docs, unknown_keys_problem
+from octlm.config.rules import UNKNOWN_KEY_FIX, section_docs, unknown_keys_problem
 from octlm.config.train import SECTIONS, ConfigError, TrainConfig, config_keys
 
 # Package data (pyproject.toml): the same files in a checkout and in an installed wheel.
@@ -37,7 +37,7 @@ def config_path(name_or_path: str | Path) -> Path:
     if str(name_or_path) in names:
         return SHIPPED_CONFIGS / f"{name_or_path}.toml"
     raise ConfigError(
-        f"config file not found: {path}",
+        f"config file not found: {checks.shown_path(path)}",
         f"name a TOML file, or a shipped config: {', '.join(names)}",
     )
 
@@ -50,11 +50,10 @@ def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any],
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid TOML ({exc})", "fix the file") from None
+        shown = checks.shown_path(path)
+        raise ConfigError(f"{shown} is not valid TOML ({exc})", "fix the file") from None
     table = data.pop("sweep", {}) if sweep else {}  # checked by octlm.tools.sweep_plan
-    problem = unknown_keys_problem(data, config_keys())
-    if problem is not None:
-        raise ConfigError(f"{path}: {problem[0]}", problem[1])
+    _check_keys(path, data)
     if isinstance(data.get("data"), dict):  # a [data] table of PATH = WEIGHT: a mixture
         data["data"] = mixture_spec(path, data["data"])
     return data, table
@@ -65,20 +64,34 @@ def mixture_spec(path: Path, table: dict[str, Any]) -> str:
     weights `octlm.config.inputs.parse_mixture` then checks, as the flag's)."""
     fix = 'write each dataset as PATH = WEIGHT, e.g. "data/stories" = 0.7'
     if not table:
-        raise ConfigError(f"{path}: [data] names no dataset", fix)
+        raise ConfigError(f"{checks.shown_path(path)}: [data] names no dataset", fix)
     for name, weight in table.items():
-        where = f"{path}: the weight of {checks.shown(name)} in [data]"
+        where = f"{checks.shown_path(path)}: the weight of {checks.shown(name)} in [data]"
         if isinstance(weight, bool) or not isinstance(weight, int | float):
             raise ConfigError(f"{where} is not a number ({checks.shown(weight)})", fix)
         if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
             raise ConfigError(f"{where} is not {WEIGHT_RULE} ({checks.shown(weight)})", fix)
         if "," in name or not name.strip():
             raise ConfigError(
-                f"{path}: [data] names a dataset {checks.shown(name)}, which is not a path "
-                "--data can hold (empty, or a comma in it)",
+                f"{checks.shown_path(path)}: [data] names a dataset {checks.shown(name)}, which "
+                "is not a path --data can hold (empty, or a comma in it)",
                 "rename the folder, or train on it alone with data = PATH",
             )
     return ",".join(f"{name}:{weight}" for name, weight in table.items())
+
+
+def _check_keys(path: Path, data: dict[str, Any]) -> None:
+    """Unknown keys are errors; one no key is near (long, or with unprintable characters) is
+    quoted short and not matched against the known ones (difflib on a 5,000-character key takes
+    a second)."""
+    odd = sorted(k for k in set(data) - set(config_keys()) if checks.shown(k) != repr(k))
+    if odd:
+        raise ConfigError(
+            f"{checks.shown_path(path)}: unknown key {checks.shown(odd[0])}", UNKNOWN_KEY_FIX
+        )
+    problem = unknown_keys_problem(data, config_keys())
+    if problem is not None:
+        raise ConfigError(f"{checks.shown_path(path)}: {problem[0]}", problem[1])
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

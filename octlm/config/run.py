@@ -6,8 +6,10 @@ on (`HardwareSettings`), how often it is evaluated (`EvalSettings`), its folder 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from octlm.config import checks
 from octlm.config.rules import (
@@ -60,6 +62,12 @@ def task_spec(label: str, part: str) -> tuple[str, int | None]:
     return head.strip(), count  # type: ignore[return-value]
 
 
+PROFILE_FOLDER = "profile"
+PROFILE_FILES = ("trace.json", "ops.txt", "memory.pickle")
+"""What --profile-steps and --memory-snapshot write in OUT/profile/ (rank 0's names; the others
+add -rankN before the suffix): octlm.trainer.profile writes them."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HardwareSettings:
     """What the run computes on and with: number format, compilation, determinism, how several
@@ -86,15 +94,19 @@ class HardwareSettings:
 
     def __post_init__(self) -> None:
         check_section(self)
-        require(self.dtype in DTYPES, f"dtype {self.dtype!r} is unknown", f"use one of {DTYPES}")
+        require(
+            self.dtype in DTYPES,
+            f"dtype {checks.shown(self.dtype)} is unknown",
+            f"use one of {DTYPES}",
+        )
         require(
             self.parallel in ("ddp", "fsdp"),
-            f"parallel {self.parallel!r} is unknown",
+            f"parallel {checks.shown(self.parallel)} is unknown",
             "use ddp or fsdp",
         )
         require(
             re.fullmatch(DEVICE_PATTERN, self.device) is not None,
-            f"device {self.device!r} is unknown",
+            f"device {checks.shown(self.device)} is unknown",
             "use cpu, cuda, cuda:N, mps or auto",
         )
 
@@ -183,7 +195,7 @@ class ObserveSettings:
         for name in (self.log_to or "").split(","):
             require(
                 name.strip() in TRACKERS + ("",),
-                f"log_to names an unknown tracker {name.strip()!r}",
+                f"log_to names an unknown tracker {checks.shown(name.strip())}",
                 f"use a comma-separated list of {', '.join(TRACKERS)}",
             )
 
@@ -194,3 +206,22 @@ RULES = {
     **declared_rules(RunSettings),
     **declared_rules(ObserveSettings),
 }
+
+
+def profile_out_problem(out: str) -> tuple[str, str] | None:
+    """Why OUT/profile/ could not take the profile's files, checked before the run starts (a
+    run must not train for hours, then fail writing them); None when it can."""
+    folder = Path(out) / PROFILE_FOLDER
+    fix = "move it away, or choose another --out (or drop --profile-steps/--memory-snapshot)"
+    shown = checks.shown_path(folder)
+    if folder.exists() and not folder.is_dir():
+        return f"the profile goes to {shown}/, which is a file", fix
+    for name in PROFILE_FILES:
+        if (folder / name).is_dir():
+            return f"the profile writes {checks.shown_path(folder / name)}, which is a folder", fix
+    existing = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"the profile goes to {shown}/, under {checks.shown_path(existing)}, a file", fix
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"the profile goes to {shown}/, but {checks.shown_path(existing)} is read-only", fix
+    return None

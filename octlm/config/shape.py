@@ -35,6 +35,16 @@ SHAPE_KEYS = (
 The last four are architecture options; every preset leaves them off."""
 MAX_SOFTCAP = 1e4
 """Past this a cap changes no logit a float32 model produces (tanh(x / C) * C == x)."""
+ROPE_BASE = checks.Number(2, 1e30)
+"""RoPE rotates dim pair i at the frequency base^(-2i/d) (d the head size, computed in float32).
+Below 1 the frequencies grow with i instead of falling; at 1 they are all one frequency; near 1
+they are indistinct in float32 (neighbours differ by base^(2/d) - 1, under float32's 6e-8 for
+d = 4096 once base < 1.0001), and a base under float32's smallest normal (1e-38) becomes 0, whose
+powers give inf and 0 * inf = NaN at position 0: a run that trains to NaN. From 2 every pair
+has its own falling frequency at any head size. Above, 1e30 keeps base and its powers float32
+numbers (its largest is 3.4e38) far past what is used: nanoGPT and Llama 2 take 1e4, Llama 3
+5e5, long-context models up to 1e7-1e8; octlm's recipe 1024. The `_RULES` entry stays (0, inf)
+so a non-finite value reads as before; this range is checked after it."""
 INT_KEYS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff")
 _RULES = {
     **dict.fromkeys(INT_KEYS, checks.Int(1)),
@@ -69,6 +79,13 @@ def shape_problem(shape: dict[str, Any]) -> tuple[str, str] | None:
         found = checks.problem(key, shape[key], _RULES[key])
         if found is not None:
             return found, f"set --{key.replace('_', '-')} within that range"
+    if not ROPE_BASE.ok(shape["rope_base"]):
+        return (
+            f"rope_base={checks.shown(shape['rope_base'])} must be {ROPE_BASE}: RoPE's "
+            "frequencies base^(-2i/d) must fall, each its own, as float32 numbers",
+            "use --rope-base 10000 (nanoGPT, Llama 2) to 500000 (Llama 3), or 1024 for short "
+            "contexts",
+        )
     if 0 < shape["logit_softcap"] < 1:
         return (
             f"logit_softcap {shape['logit_softcap']} squashes every logit into (-1, 1)",

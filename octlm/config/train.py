@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from octlm.config.checks import shown
 from octlm.config.inputs import RULES as INPUT_RULES
 from octlm.config.inputs import InputSettings
 from octlm.config.learning import (
@@ -40,7 +41,13 @@ from octlm.config.learning import (
 from octlm.config.learning import RULES as LEARNING_RULES
 from octlm.config.rules import ConfigError, require, unknown_keys_problem
 from octlm.config.run import RULES as RUN_RULES
-from octlm.config.run import EvalSettings, HardwareSettings, ObserveSettings, RunSettings
+from octlm.config.run import (
+    EvalSettings,
+    HardwareSettings,
+    ObserveSettings,
+    RunSettings,
+    profile_out_problem,
+)
 from octlm.config.shape import (
     PRESETS,
     SHAPE_KEYS,
@@ -203,8 +210,12 @@ class TrainConfig:
         bad = self.observe.profile_steps is not None and self.profile_window is None
         require(
             not bad,
-            f"profile_steps {self.observe.profile_steps!r} is not A:B, 1 <= A <= B <= steps",
+            f"profile_steps {shown(self.observe.profile_steps)} is not A:B, 1 <= A <= B <= steps",
         )
+        profiled = self.observe.profile_steps is not None or self.observe.memory_snapshot
+        problem = profile_out_problem(self.run.out) if profiled else None
+        if problem is not None:
+            raise ConfigError(*problem)
 
     @property
     def profile_window(self) -> tuple[int, int] | None:

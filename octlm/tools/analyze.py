@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from octlm.config.checks import shown_path
 from octlm.config.train import TrainConfig, config_keys
 from octlm.data.dataset_tokenizer import dataset_tokenizer
 from octlm.data.order import Sampler
@@ -66,7 +67,9 @@ def unigram_for_data(data_dir: str | Path) -> dict[str, Any]:
     """The validation split's unigram entropy of a prepared dataset folder."""
     root = Path(data_dir)
     if not root.is_dir():
-        raise OctlmError(f"{root} is not a folder", "name a dataset folder made by `octlm prepare`")
+        raise OctlmError(
+            f"{shown_path(root)} is not a folder", "name a dataset folder made by `octlm prepare`"
+        )
     dataset = ShardDataset.open(root)
     vocab = int(dataset.manifest["tokenizer"]["vocab_size"])
     counts = token_counts(dataset.val, vocab)
@@ -231,7 +234,7 @@ def underflow_for_run(
     cfg = info.config
     if not cfg:
         raise OctlmError(
-            f"{info.path} holds no training config (a weights-only snapshot?)",
+            f"{shown_path(info.path)} holds no training config (a weights-only snapshot?)",
             "name the run folder or one of its full checkpoints",
         )
     step = info.step if step is None else step

@@ -16,12 +16,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from octlm.config.checks import shown, shown_path
 from octlm.data.chat_format import JINJA_TEMPLATE, check_template_version
 from octlm.data.shards import MANIFEST_NAME, TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
 from octlm.model.hf import hf_config, hf_state_dict
 from octlm.tokenizer.core import Tokenizer
+from octlm.tools.outputs import check_finite, check_folder_out
 
 FORMATS = ("hf", "safetensors")
 SAFETENSORS_NAME = "model.safetensors"
@@ -86,11 +88,25 @@ def _umask_mode(path: Path) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def _refuse_non_empty(out: Path, force: bool) -> None:
-    if force or not out.exists():
+def check_out(out: Path, fmt: str, force: bool) -> None:
+    """OUT before any work: never a run folder nor inside one (a file as much as a folder: a
+    checkpoint there is the run's), no file among its parents, and new or empty unless
+    --force; `--format safetensors` writes a file where OUT ends in .safetensors."""
+    if fmt != "safetensors" or out.suffix != ".safetensors":
+        if out.exists() and not out.is_dir():
+            fix = "name a folder for --format hf"
+            if fmt != "hf":
+                fix = "name a folder, or a file ending in .safetensors"
+            raise OctlmError(f"{shown_path(out)} is a file", fix)
+        check_folder_out("OUT", out, force)
         return
-    if out.is_file() or any(out.iterdir()):
-        raise OctlmError(f"{out} already exists and is not empty", "choose another OUT, or --force")
+    if out.is_dir():
+        raise OctlmError(f"{shown_path(out)} is a folder", "name a file ending in .safetensors")
+    check_folder_out("OUT", out.parent, force=True)  # a run's folder, a file above
+    if out.exists() and not force:
+        raise OctlmError(
+            f"{shown_path(out)} already exists and is not empty", "choose another OUT, or --force"
+        )
 
 
 def _publish(staging: Path, out: Path) -> None:
@@ -121,10 +137,9 @@ def export_hf(
     from octlm.generation.trained import load_weights, tokenizer_file
 
     out = Path(out)
-    _refuse_non_empty(out, force)
-    if out.is_file():
-        raise OctlmError(f"{out} is a file", "name a folder for --format hf")
+    check_out(out, "hf", force)
     info, weights = load_weights(run_or_ckpt)
+    check_finite(weights, "the exported weights")
     config = ModelConfig.from_dict(info.model_config)  # type: ignore[arg-type]
     model_json = hf_config(config, weights["tok_embeddings.weight"].dtype)  # or refused
     tensors = hf_state_dict(weights, config.n_layers, config.qk_norm)
@@ -157,17 +172,14 @@ def export_safetensors(run_or_ckpt: str | Path, out: str | Path, *, force: bool 
     OUT ending in .safetensors names the file; anything else is a folder for model.safetensors.
     """
     out = Path(out)
-    _refuse_non_empty(out, force)
-    if out.suffix != ".safetensors" and out.is_file():
-        raise OctlmError(f"{out} is a file", "name a folder, or a file ending in .safetensors")
-    if out.suffix == ".safetensors" and out.is_dir():
-        raise OctlmError(f"{out} is a folder", "name a file ending in .safetensors")
+    check_out(out, "safetensors", force)
     from safetensors.torch import save_file
 
     from octlm.generation.trained import load_weights
 
     target = out if out.suffix == ".safetensors" else out / SAFETENSORS_NAME
     info, weights = load_weights(run_or_ckpt)
+    check_finite(weights, "the exported weights")
     header = info.snapshot_header()
     tensors = {name: t.detach().contiguous() for name, t in weights.items()}
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -194,4 +206,4 @@ def export(
         return export_hf(run_or_ckpt, out, force=force, tokenizer=tokenizer)
     if fmt == "safetensors":
         return export_safetensors(run_or_ckpt, out, force=force)
-    raise OctlmError(f"unknown export format {fmt!r}", f"use one of: {', '.join(FORMATS)}")
+    raise OctlmError(f"unknown export format {shown(fmt)}", f"use one of: {', '.join(FORMATS)}")

@@ -15,17 +15,29 @@ from pathlib import Path
 
 import torch
 
+from octlm.config import checks
+from octlm.config.checks import shown, shown_path
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, atomic_write_bytes
 from octlm.hashing import weights_sha256
+from octlm.prepare.folder import staged
+from octlm.tools.outputs import check_finite, check_folder_out
 from octlm.trainer import checkpoint as ckpt
+
+WEIGHT = checks.Number(1e-6, 1e6)
+"""Weights are relative (the sum divides them): [1e-6, 1e6] spans every mixture a float32 mean
+can hold, and keeps each `tensor * weight` and their sum float32 numbers (1e308 twice is inf,
+1e-320 is 0 in float32, and 0 / 0 is NaN)."""
+MIN_SHARE = 1e-6
+"""A weight under this share of the largest adds less than float32's ~7 significant digits
+resolve: its checkpoint would vanish from the sum."""
 
 
 def last_checkpoints(run: Path, last: int) -> list[tuple[Path, str | None]]:
     """(file, listed checksum) of the `last` newest steps a run keeps, oldest first: its listed
     checkpoints and its snapshots (--keep-ckpts), one file per step."""
     if not run.is_dir():
-        raise OctlmError(f"{run} is not a run folder", "name a run folder with --last")
+        raise OctlmError(f"{shown_path(run)} is not a run folder", "name a run folder with --last")
     by_step: dict[int, tuple[Path, str | None]] = {}
     for path in sorted((run / ckpt.SNAPSHOT_DIR).glob("step_*.safetensors")):
         by_step[int(path.stem.removeprefix("step_"))] = (path, None)
@@ -33,7 +45,7 @@ def last_checkpoints(run: Path, last: int) -> list[tuple[Path, str | None]]:
         by_step[entry["step"]] = (run / ckpt.CKPT_DIR / entry["file"], entry["checksum"])
     if len(by_step) < last:
         raise OctlmError(
-            f"{run} keeps {len(by_step)} checkpoint(s), fewer than --last {last}",
+            f"{shown_path(run)} keeps {len(by_step)} checkpoint(s), fewer than --last {last}",
             "train with --keep-ckpts (a snapshot at each checkpoint), or ask for fewer",
         )
     return [by_step[step] for step in sorted(by_step)[-last:]]
@@ -42,9 +54,28 @@ def last_checkpoints(run: Path, last: int) -> list[tuple[Path, str | None]]:
 def merge(
     sources: list[tuple[Path, str | None]], weights: list[float] | None, out: Path, force: bool
 ) -> tuple[Path, str]:
-    """Write the weighted float32 mean of `sources` to `out`; (weights file, its hash)."""
+    """Write the weighted float32 mean of `sources` to `out`; (weights file, its hash). The
+    folder is written beside `out` and renamed into place when whole: a merge that fails leaves
+    no folder (or the one --force was to replace) behind."""
     weights = [1.0] * len(sources) if weights is None else weights
-    _check(sources, weights, out, force)
+    check_merge_out(out, force)
+    _check(sources, weights)
+    merged, infos = _mean(sources, weights)
+    check_finite(merged, "the merged weights")
+    with staged(out) as tmp:
+        digest = _write(tmp, merged, infos, weights)
+    return out / ckpt.WEIGHTS_FILE, digest
+
+
+def check_merge_out(out: Path, force: bool) -> None:
+    """-o before any work: never a run folder nor inside one; new or empty, or with --force a
+    folder an earlier merge wrote (it is replaced whole)."""
+    check_folder_out("-o", out, force, replaceable=(ckpt.MERGE_RECORD,))
+
+
+def _mean(
+    sources: list[tuple[Path, str | None]], weights: list[float]
+) -> tuple[dict[str, torch.Tensor], list[ckpt.CheckpointInfo]]:
     infos: list[ckpt.CheckpointInfo] = []
     total = None
     for (path, checksum), weight in zip(sources, weights, strict=True):
@@ -61,7 +92,7 @@ def merge(
         infos.append(info)
     assert total is not None
     merged = {name: (t / math.fsum(weights)).contiguous() for name, t in total.items()}
-    return _write(out, merged, infos, weights)
+    return merged, infos
 
 
 def compare_with_last(out: Path, last: Path, batches: int, micro_batch: int = 16) -> dict:
@@ -87,9 +118,7 @@ def compare_with_last(out: Path, last: Path, batches: int, micro_batch: int = 16
     return scores
 
 
-def _check(
-    sources: list[tuple[Path, str | None]], weights: list[float], out: Path, force: bool
-) -> None:
+def _check(sources: list[tuple[Path, str | None]], weights: list[float]) -> None:
     if len(sources) < 2:
         raise OctlmError(f"{len(sources)} checkpoint(s) to merge", "name two or more, or --last 2+")
     if len(weights) != len(sources):
@@ -97,10 +126,24 @@ def _check(
             f"--weights gives {len(weights)} weight(s) for {len(sources)} checkpoints",
             "give one weight per checkpoint, oldest first",
         )
-    if not all(math.isfinite(w) and w > 0 for w in weights):
-        raise OctlmError(f"--weights {weights}: each must be a finite number > 0", "e.g. 1,1,2")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise OctlmError(f"{out} is not empty", "name a new folder, or add --force")
+    check_weights(weights)
+
+
+def check_weights(weights: list[float]) -> None:
+    """Each weight in `WEIGHT`, none vanishing beside the largest (before any file is read)."""
+    for weight in weights:
+        if not WEIGHT.ok(weight):
+            raise OctlmError(
+                f"--weights {shown(weight)}: each must be a finite number > 0, from "
+                f"{WEIGHT.lo:g} to {WEIGHT.hi:g}",
+                "weights are relative (their sum divides them): e.g. 1,1,2",
+            )
+    if min(weights) < MIN_SHARE * max(weights):
+        raise OctlmError(
+            f"--weights {shown(min(weights))} is under a millionth of the largest, "
+            f"{shown(max(weights))}: its checkpoint would change nothing a float32 mean holds",
+            "drop that checkpoint, or give it a larger weight",
+        )
 
 
 def _same_model(
@@ -115,7 +158,7 @@ def _same_model(
         name: tuple(t.shape) for name, t in model.items()
     }:
         raise OctlmError(
-            f"{info.path} holds a model of another shape than the first checkpoint's",
+            f"{shown_path(info.path)} holds a model of another shape than the first checkpoint's",
             "merge checkpoints of one model shape (one run, or runs of the same shape)",
         )
 
@@ -125,7 +168,7 @@ def _write(
     merged: dict[str, torch.Tensor],
     infos: list[ckpt.CheckpointInfo],
     weights: list[float],
-) -> tuple[Path, str]:
+) -> str:
     from safetensors.torch import save_file
 
     digest = weights_sha256(merged)
@@ -134,10 +177,9 @@ def _write(
         for info, weight in zip(infos, weights, strict=True)
     ]
     header = {**infos[-1].snapshot_header(), "merged_from": parts}
-    out.mkdir(parents=True, exist_ok=True)
     target = out / ckpt.WEIGHTS_FILE
     metadata = {"format": "pt", "octlm": json.dumps(header)}
     atomic_write(target, lambda tmp: save_file(merged, str(tmp), metadata=metadata))
     record = {"merged_from": parts, "weights_sha256": digest}
     atomic_write_bytes(out / ckpt.MERGE_RECORD, (json.dumps(record, indent=2) + "\n").encode())
-    return target, digest
+    return digest

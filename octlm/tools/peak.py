@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from octlm.config import checks
 from octlm.device import (
     TORCH_DTYPES,
     check_dtype,
@@ -31,6 +32,12 @@ SIZES = (512, 1024, 2048)
 GPU_SIZES = (2048, 4096, 8192)
 """A GPU's: on an H200, 2048 x 2048 products (22 us each) measured 420 TFLOP/s, half of what
 8192 reaches (about 790): the smaller sizes time the launch, and MFU came out twice too high."""
+
+
+SECONDS = checks.Number(0, 3600, lo_open=True)
+"""The time budget: a rate settles within seconds (best of repeats); an hour is far past any
+use, and more is a slip (milliseconds typed as seconds) that would hold the machine. NaN used to
+never end the loop (no deadline compares true with NaN)."""
 
 
 @dataclass(frozen=True)
@@ -72,11 +79,11 @@ def measure_peak(
     A size whose single matmul would not fit in the time left (predicted from the best rate so
     far) is skipped, so a short budget on a slow dtype still returns quickly.
     """
+    checks.check("--seconds", seconds, SECONDS, "use --seconds 5 (the default) or up to 3600")
+    check_dtype(dtype)
     device = resolve_device(device)
     _check(device, dtype)
     sizes = default_sizes(device) if sizes is None else sizes
-    if seconds <= 0:
-        raise OctlmError(f"--seconds {seconds} leaves no time to measure", "use --seconds > 0")
     start = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(0)
     by_size: dict[int, float] = {}

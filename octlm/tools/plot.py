@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octlm.config.checks import shown_path
 from octlm.data.shards import MANIFEST_NAME
 from octlm.errors import OctlmError
+from octlm.fsutil import atomic_write
 from octlm.runlog import read_log, require_log
+from octlm.tools.outputs import check_file_out
 
 STEP_KEYS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s")
 VAL_KEYS = ("step", "val_loss")
@@ -48,7 +51,7 @@ def load_series(run: str | Path) -> RunSeries:
     headers = [r for r in records if r["type"] == "header"]
     steps = complete("step", STEP_KEYS)
     if not headers or not steps:
-        raise OctlmError(f"{folder} has no training steps logged yet", "train it first")
+        raise OctlmError(f"{shown_path(folder)} has no training steps logged yet", "train it first")
     return RunSeries(folder.name, headers[0], steps, complete("val", VAL_KEYS))
 
 
@@ -118,7 +121,13 @@ def draw_run(axes: Any, s: RunSeries, color: str) -> None:
 
 
 def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> Path:
+    """Draw `runs` into the image `out`: checked before any log is read (not a folder, a
+    suffix matplotlib writes: .png, .pdf, .svg, ...; none: a PNG); missing folders are made."""
     plt = pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    out = Path(out)
+    check_file_out("-o", out, tuple(FigureCanvasBase.get_supported_filetypes()))
     series = [load_series(r) for r in runs]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     ax_loss, ax_lr, ax_norm, ax_speed = axes.flat
@@ -140,8 +149,10 @@ def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> 
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    kind = out.suffix.lstrip(".").lower() or "png"
+    try:  # whole or not at all: a failed write leaves no half image
+        atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=110, format=kind))
+    finally:
+        plt.close(fig)
     return out

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config import checks
+from octlm.config.checks import shown_path
 from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.runlog import log_file, read_log
@@ -229,7 +230,7 @@ def run_sweep(
     checks.check_path("--out", out)
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
-        raise OctlmError(f"--out {folder} is a file", "choose a folder for the sweep")
+        raise OctlmError(f"--out {shown_path(folder)} is a file", "choose a folder for the sweep")
     checks.check_processes("--jobs", jobs)
     specs = plan_from(base, table, grids=grids, sets=sets, repeats=repeats)
     sweep = Sweep(folder, base, specs, jobs)

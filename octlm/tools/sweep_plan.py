@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from octlm.config import checks
+from octlm.config.checks import shown, shown_path
 from octlm.config.files import make_config, read_toml
 from octlm.config.train import FIELDS, NON_TRAJECTORY_KEYS, ConfigError, TrainConfig
 from octlm.errors import OctlmError
@@ -44,9 +45,11 @@ def fmt_value(value: Any) -> str:
 def sweepable(key: Any) -> str:
     """The type of setting `key` ("int", "float", "bool", "str"); an error if it cannot be swept."""
     if key not in _TYPES:
-        raise OctlmError(f"unknown setting {key!r} in a sweep", "use the keys of `octlm train`")
+        raise OctlmError(
+            f"unknown setting {shown(key)} in a sweep", "use the keys of `octlm train`"
+        )
     if key in NON_TRAJECTORY_KEYS or key == "seed":
-        raise OctlmError(f"{key!r} cannot be swept", "sweep settings that change the run")
+        raise OctlmError(f"{shown(key)} cannot be swept", "sweep settings that change the run")
     return _TYPES[key]
 
 
@@ -86,7 +89,7 @@ def parse_assignments(spec: str) -> dict[str, list[Any]]:
     """One --grid: `lr=1e-3,3e-3` -> {"lr": [0.001, 0.003]}."""
     key, sep, values = spec.partition("=")
     if not sep or not values:
-        raise OctlmError(f"bad --grid {spec!r}", "write it as KEY=V1,V2,...")
+        raise OctlmError(f"bad --grid {shown(spec)}", "write it as KEY=V1,V2,...")
     key = key.strip().replace("-", "_")
     return {key: [parse_value(key, v.strip()) for v in values.split(",")]}
 
@@ -97,10 +100,12 @@ def parse_set(spec: str) -> dict[str, Any]:
     for part in spec.split(","):
         key, sep, value = part.partition("=")
         if not sep:
-            raise OctlmError(f"bad --set {spec!r}", "write it as KEY=V,KEY2=V2")
+            raise OctlmError(f"bad --set {shown(spec)}", "write it as KEY=V,KEY2=V2")
         key = key.strip().replace("-", "_")
         if key in out:
-            raise OctlmError(f"bad --set {spec!r}: {key} is given twice", "give each key once")
+            raise OctlmError(
+                f"bad --set {shown(spec)}: {shown_path(key)} is given twice", "give each key once"
+            )
         out[key] = parse_value(key, value.strip(), "--set")
     return out
 

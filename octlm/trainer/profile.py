@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 
+from octlm.config.run import PROFILE_FILES, PROFILE_FOLDER
 from octlm.device import resolve_device
 from octlm.errors import OctlmError
 
-FOLDER = "profile"
+TRACE, OPS, MEMORY = (Path(name) for name in PROFILE_FILES)
 SNAPSHOT_STEPS = 3
 """Steps the memory snapshot covers: the first step allocates the optimizer's state, the
 next ones show the steady state."""
@@ -42,7 +43,7 @@ class StepProfile:
 
     def __init__(self, window: tuple[int, int] | None, snapshot: bool, out: Path, rank: int):
         self.window, self.snapshot = window, snapshot
-        self.folder = out / FOLDER
+        self.folder = out / PROFILE_FOLDER
         self.suffix = "" if rank == 0 else f"-rank{rank}"
         self.profiler: torch.profiler.profile | None = None
         self.recording_since: int | None = None
@@ -75,21 +76,25 @@ class StepProfile:
         if since is not None and step >= since + SNAPSHOT_STEPS - 1:
             self._write_snapshot()
 
+    def _path(self, name: Path) -> Path:
+        """OUT/profile/NAME, this rank's (trace-rank1.json beside rank 0's trace.json)."""
+        return self.folder / f"{name.stem}{self.suffix}{name.suffix}"
+
     def _write_trace(self) -> None:
         if self.profiler is None:
             return
         self.profiler.stop()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.profiler.export_chrome_trace(str(self.folder / f"trace{self.suffix}.json"))
+        self.profiler.export_chrome_trace(str(self._path(TRACE)))
         sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
         table = self.profiler.key_averages().table(sort_by=sort, row_limit=40)
-        (self.folder / f"ops{self.suffix}.txt").write_text(table + "\n", encoding="utf-8")
+        self._path(OPS).write_text(table + "\n", encoding="utf-8")
         self.profiler, self.window = None, None
 
     def _write_snapshot(self) -> None:
         if self.recording_since is None or not self.snapshot:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(self.folder / f"memory{self.suffix}.pickle"))
+        torch.cuda.memory._dump_snapshot(str(self._path(MEMORY)))
         torch.cuda.memory._record_memory_history(enabled=None)
         self.snapshot = False

@@ -18,12 +18,15 @@ from string import Template
 from typing import Any
 
 from octlm import __version__
+from octlm.config.checks import shown_path
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write_bytes
+from octlm.tools.outputs import check_file_out
 from octlm.tools.report.presets import schedule_defaults, schedule_of, schedule_presets
 from octlm.tools.report.runs import is_merge, load_merge, load_runs
 
 # Inlined in this order, one <script> each: later files use the earlier ones' functions.
+PAGE_SUFFIXES = (".html", ".htm")
 SCRIPTS = ("schedule.js", "charts.js", "runs.js", "playground.js", "main.js")
 _JSON_ESCAPES = {
     "<": "\\u003c",
@@ -97,11 +100,22 @@ def build_playground(title: str = "octlm playground: schedule and clipping") -> 
     return render_page(page_data([], title), title)
 
 
+def check_page_out(out: str | Path) -> Path:
+    """-o before the page is built: not a folder, no file among its parents, and no existing
+    file but a page (.html, .htm): a run's log.jsonl is never written over."""
+    out = Path(out)
+    check_file_out("-o", out)
+    if out.exists() and out.suffix.lower() not in PAGE_SUFFIXES:
+        raise OctlmError(
+            f"-o {shown_path(out)} exists and is not an HTML page",
+            "name a new file, or a page ending in .html to replace",
+        )
+    return out
+
+
 def write_page(text: str, out: str | Path) -> Path:
     """Write atomically; a missing parent folder is created (as `octlm train --out` does)."""
-    out = Path(out)
-    if out.is_dir():
-        raise OctlmError(f"{out} is a folder", "pass a file name, e.g. -o report.html")
+    out = check_page_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, text.encode("utf-8"))
     return out

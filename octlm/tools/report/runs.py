@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from octlm.config.checks import shown, shown_path
 from octlm.config.shape import SHAPE_KEYS
 from octlm.config.train import sectioned
 from octlm.errors import OctlmError
@@ -52,7 +53,8 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     headers = [r for r in records if r.get("type") == "header"]
     if not headers:
         raise OctlmError(
-            f"{path} has no header record", "pass the log of a run written by `octlm train`"
+            f"{shown_path(path)} has no header record",
+            "pass the log of a run written by `octlm train`",
         )
     header = headers[0]
     by_type: dict[str, list[dict[str, Any]]] = {}
@@ -150,11 +152,14 @@ def load_merge(folder: str | Path) -> dict[str, Any]:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise OctlmError(
-            f"{path} cannot be read ({exc})", "merge again with `octlm merge`"
+            f"{shown_path(path)} cannot be read ({shown(str(exc))})",
+            "merge again with `octlm merge`",
         ) from None
     parts = record.get("merged_from") if isinstance(record, dict) else None
     if not isinstance(parts, list):
-        raise OctlmError(f"{path} names no merged checkpoints", "merge again with `octlm merge`")
+        raise OctlmError(
+            f"{shown_path(path)} names no merged checkpoints", "merge again with `octlm merge`"
+        )
     return {
         "name": Path(folder).name,
         "path": str(Path(folder).resolve()),
