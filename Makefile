@@ -61,10 +61,11 @@ test:
 	@$(MAKE) --no-print-directory -j 2 $(STAMP) browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
-# The fast lane: everything not marked slow (no subprocess, no torchrun, no browser). Exit code
+# The fast lane: everything not marked slow (no subprocess, no torchrun, no browser), on the
+# same two workers (58 s serial against 42 s on the 2-core machine, 1,414 tests). Exit code
 # 5 (no tests collected) fails the target like any other non-zero exit.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
