@@ -136,3 +136,7 @@ def run(seed: int, n: int, root: Path) -> list[str]:
             for found in problems(outcome):
                 failures.append(f"{config.name} seed {seed} case {j}: {found} ({data[:200]!r})")
     return failures
+
+
+FORMATS: dict[str, Callable[[int, int, Path], list[str]]] = {"configs": run}
+"""The formats bench/fuzz_inputs.py runs by name."""
