@@ -6,6 +6,20 @@ prints `octlm: error: <problem>; <fix>` and exits non-zero without a traceback.
 
 from __future__ import annotations
 
+import re
+
+LONGEST_WORD = 160
+"""Characters of one unbroken run (a path, a value, a key) an error line shows before `...`."""
+
+
+def one_line(text: str) -> str:
+    """`text` as one short printable line: newlines and other control characters escaped, each
+    unbroken run of more than LONGEST_WORD characters cut to its start. The backstop under every
+    message: whatever a raise site quotes of a user's input, the line stays a line."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    cut = LONGEST_WORD - 3
+    return re.sub(rf"\S{{{LONGEST_WORD + 1},}}", lambda m: m.group(0)[:cut] + "...", text)
+
 
 class OctlmError(Exception):
     """A user-facing failure: `problem` says what is wrong, `fix` what to do about it."""

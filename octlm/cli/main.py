@@ -21,7 +21,7 @@ from octlm.config.checks import shown, shown_path
 from octlm.config.files import field_docs, load_toml, make_config, sectioned_toml
 from octlm.config.run import DTYPES
 from octlm.config.train import SECTIONS, TrainConfig, config_keys
-from octlm.errors import OctlmError, RankError
+from octlm.errors import OctlmError, RankError, one_line
 from octlm.tools.export import FORMATS, export
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import (
@@ -209,7 +209,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors in the same one-line form as every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"octlm: error: {message}; see `{self.prog} --help`\n")
+        self.exit(2, f"octlm: error: {one_line(message)}; see `{self.prog} --help`\n")
 
 
 def _add_train_commands(sub: Any) -> None:
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # here after the grace (rank 0 did not fail) prints its own line.
             time.sleep(SHARED_ERROR_GRACE_S)
         leave_note()
-        print(f"octlm: error: {exc.message}", file=sys.stderr)
+        print(f"octlm: error: {one_line(exc.message)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # disk full, permissions, a file where a folder should be
         problem = f"{exc.strerror or shown(str(exc))}"
         problem += f": {shown_path(exc.filename)}" if exc.filename else ""
-        print(f"octlm: error: {problem}; check the path and free space", file=sys.stderr)
+        print(f"octlm: error: {one_line(problem)}; check the path and free space", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("octlm: interrupted", file=sys.stderr)

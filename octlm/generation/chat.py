@@ -26,7 +26,7 @@ from octlm.data.chat_format import (
     reply_prompt_ids,
     turn_ids,
 )
-from octlm.errors import OctlmError
+from octlm.errors import OctlmError, one_line
 from octlm.generation.prompts import check_line, check_text
 from octlm.generation.sampling import Continuation, check_sampling, choose
 from octlm.model.gpt import GPT
@@ -150,7 +150,7 @@ def chat_loop(
         except OctlmError as exc:
             if not interactive:
                 raise
-            print(f"octlm: error: {exc.message}", file=sys.stderr, flush=True)
+            print(f"octlm: error: {one_line(exc.message)}", file=sys.stderr, flush=True)
             continue
         if not answer(session, text, out):
             return 0
