@@ -72,8 +72,11 @@ class RunLock:
     def __init__(self, out: Path) -> None:
         self.path = out / ".lock"
         self._fd: int | None = None
+        self.created = False
+        """Whether this lock made the file (the folder held no lock file before)."""
 
     def __enter__(self) -> RunLock:
+        self.created = not self.path.exists()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -88,6 +91,13 @@ class RunLock:
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
         return self
+
+    def discard(self) -> None:
+        """Remove the lock file this lock made, while still holding it: a start refused before
+        it wrote anything leaves the folder as it found it. (Another trainer meanwhile fails to
+        take the held lock at once, so none can be holding the file that goes.)"""
+        if self.created and self._fd is not None:
+            self.path.unlink(missing_ok=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:

@@ -63,16 +63,28 @@ def train(
     created = main and not out.exists()
     if main:  # another rank making its own folder would hide a node that cannot see this one
         out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out) if main else None
+    before = {p.name for p in out.iterdir()} if main else set()
     try:
-        with RunLock(out) if main else contextlib.nullcontext():
-            return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
+        with lock or contextlib.nullcontext():
+            try:
+                return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
+            except BaseException:
+                if lock is not None and _wrote_nothing(out, before):
+                    lock.discard()  # refused before it wrote anything: no lock file left
+                raise
     except BaseException:
         # A run that failed before writing anything leaves no empty folder behind.
-        if created and {p.name for p in out.iterdir()} <= {".lock", TOKEN_NAME}:
+        if created and _wrote_nothing(out, set()):
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
         shutdown()
+
+
+def _wrote_nothing(out: Path, before: set[str]) -> bool:
+    """Whether `out` holds nothing beyond `before` but the lock and the ranks' token."""
+    return {p.name for p in out.iterdir()} - before <= {".lock", TOKEN_NAME}
 
 
 def _train_locked(
