@@ -113,6 +113,17 @@ class Text:
 PATH = Text("a non-empty path")
 
 
+@dataclass(frozen=True)
+class Separator(Text):
+    """A non-empty string without NUL where whitespace counts: a blank line ("\n\n") is a
+    separator as much as '<|endoftext|>' is."""
+
+    what: str = "a non-empty string"
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, str) and value != "" and "\0" not in value
+
+
 def shown(value: Any) -> str:
     """`repr(value)`, cut to one short line."""
     text = repr(value)

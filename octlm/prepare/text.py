@@ -123,7 +123,7 @@ def check_read_options(read: ReadOptions) -> None:
     checks.check("--text-field", read.text_field, checks.Text(), "name the field", DataError)
     if read.split_on is not None:
         fix = "pass the separator, e.g. '<|endoftext|>', or drop --split-on"
-        checks.check("--split-on", read.split_on, checks.Text(), fix, DataError)
+        checks.check("--split-on", read.split_on, checks.Separator(), fix, DataError)
 
 
 @dataclass

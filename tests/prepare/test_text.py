@@ -336,3 +336,17 @@ def test_failed_rename_into_place_puts_the_old_dataset_back(existing, corpus, mo
         run(config(out, corpus, vocab_size=VOCAB + 10, force=True))
     monkeypatch.undo()
     assert snapshot(out) == before and leftovers(out.parent) == []
+
+
+def test_a_blank_line_is_a_separator_and_an_empty_one_is_not() -> None:
+    """`--split-on $'\\n\\n'` cuts text at blank lines (it was refused as "empty", whitespace
+    being stripped as for a path); '' and a NUL stay refused in one line."""
+    from octlm.errors import DataError
+    from octlm.prepare.sources import ReadOptions
+    from octlm.prepare.text import check_read_options
+
+    check_read_options(ReadOptions(split_on="\n\n"))
+    check_read_options(ReadOptions(split_on=" "))
+    for bad in ("", "\0"):
+        with pytest.raises(DataError, match="--split-on .* must be a non-empty string"):
+            check_read_options(ReadOptions(split_on=bad))
