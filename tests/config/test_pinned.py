@@ -89,3 +89,20 @@ def test_the_golden_run_folder_keeps_its_fingerprint() -> None:
 def test_the_flat_config_keeps_its_bytes() -> None:
     raw = json.dumps(TrainConfig().to_dict()).encode()
     assert hashlib.sha256(raw).hexdigest() == DEFAULT_DICT_SHA256
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_the_printed_config_reads_back_to_the_same_run(name: str, tmp_path: Path) -> None:
+    """`--print-config`'s TOML, grouped by section with the keys that do not apply left out
+    (Muon's under AdamW, wsd's under cosine), is a `--config` file for the same config."""
+    from octlm.config.files import load_toml, sectioned_toml
+
+    keys, _ = read_toml(name, sweep=True)
+    cfg = TrainConfig(**keys).resolved()
+    path = tmp_path / "printed.toml"
+    path.write_text(sectioned_toml(cfg), encoding="utf-8")
+    assert TrainConfig(**load_toml(path)) == cfg
+    assert TrainConfig(**load_toml(path)).fingerprint_for(1) == SHIPPED[name][0]
+    text = path.read_text(encoding="utf-8")
+    assert ("muon_lr" in text) == (cfg.optim.optimizer == "muon")
+    assert text.startswith("# shape\n") and "\n# optim\n" in text
