@@ -232,12 +232,12 @@ def test_a_bad_task_file_is_refused_before_the_first_step(workdir, tiny_dataset)
     args += ["--no-progress", "--eval-tasks", "t.jsonl"]
     assert_refused([*args, "--out", "new"], "t.jsonl:2: field 'gold'", workdir)
     assert not (workdir / "new").exists()
-    # An existing folder: no log, no checkpoint (the trainer's lock file may appear).
+    # An existing folder: as it was (no log, no checkpoint, no lock file left behind).
     (workdir / "old").mkdir()
     (workdir / "old" / "note.txt").write_text("mine\n")
     outcome = run_cli([*args, "--out", "old"], workdir)
     assert outcome.code != 0 and "t.jsonl:2: field 'gold'" in outcome.err
-    assert outcome.changed == ["old/.lock"]
+    assert outcome.changed == []
 
 
 @pytest.mark.slow
