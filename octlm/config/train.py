@@ -144,7 +144,6 @@ NON_TRAJECTORY_KEYS = tuple(k for k in KEY_ORDER if not FIELDS[k].metadata["traj
 OMITTED_AT_DEFAULT = {
     k: FIELDS[k].default for k in KEY_ORDER if FIELDS[k].metadata.get("omit_default")
 }
-OPTIONAL_KEYS = frozenset(k for k in KEY_ORDER if "None" in str(FIELDS[k].type))
 # The shape keys are checked once resolved (shape.shape_problem).
 FIELD_RULES = {**SHAPE_RULES, **LEARNING_RULES, **INPUT_RULES, **RUN_RULES}
 

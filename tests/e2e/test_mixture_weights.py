@@ -21,6 +21,14 @@ def test_a_resume_with_the_same_shares_respelt_ends_on_the_straight_run(
     straight, split = tmp_path / "straight", tmp_path / "split"
     octlm(*train_args(Path(started), straight))
     octlm(*train_args(Path(started), split, "--stop-at", "5"))
+    # The control: other shares are another run, refused in one line, the folder untouched.
+    other = f"{tiny_dataset}:6,{few_speeches}:4"
+    before = {p: p.read_bytes() for p in split.rglob("*") if p.is_file() and p.name != ".lock"}
+    refused = octlm(*train_args(Path(other), split, "--resume"), check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.stderr.count("octlm: error: ") == 1
+    after = {p: p.read_bytes() for p in split.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before
     proc = octlm(*train_args(Path(respelt), split, "--resume"))
     assert "resumed from" in proc.stderr
     assert_same_run(split, straight)
