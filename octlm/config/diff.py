@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from octlm.config.shape import SHAPE_KEYS
-from octlm.config.train import OMITTED_AT_DEFAULT
+from octlm.config.train import ABSENT_MEANS
 
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -18,6 +18,6 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def trajectory_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`changed_keys` of two trajectories, the keys left out at their default filled in; an
     unset shape key reads "the preset's" (None would say nothing to a user)."""
-    changes = changed_keys({**OMITTED_AT_DEFAULT, **old}, {**OMITTED_AT_DEFAULT, **new})
+    changes = changed_keys({**ABSENT_MEANS, **old}, {**ABSENT_MEANS, **new})
     shape = tuple(f"{key}: " for key in SHAPE_KEYS)
     return [c.replace("None", "the preset's") if c.startswith(shape) else c for c in changes]

@@ -25,6 +25,16 @@ from octlm.config.rules import (
 DTYPES = ("fp32", "bf16", "fp16")
 DEVICE_PATTERN = r"auto|(cpu|cuda|mps)(:\d+)?"  # what octlm.device.resolve_device takes
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0
+REDUCTIONS = ("tree", "collective")
+REDUCTION_DEFAULT = "tree"
+"""`reduction` of a new run that leaves it unset (run folders written before it existed ran
+the collective sums: a resume takes the checkpoint's, `octlm.trainer.resume`)."""
+
+
+def reduction_or_default(reduction: str | None) -> str:
+    return REDUCTION_DEFAULT if reduction is None else reduction
+
+
 """A week: no collective waits longer for a peer (torch's own default is 30 minutes)."""
 TRACKERS = ("tensorboard", "wandb")  # --log-to (octlm.trackers); each is its own extra
 _LOOKS_NUMERIC = re.compile(r"[-+]?[\d_.]*\d[\d_.]*(e[-+]?\d+)?", re.IGNORECASE)
@@ -85,6 +95,11 @@ class HardwareSettings:
     """torch.use_deterministic_algorithms(True) plus the CUDA settings it needs."""
     parallel: str = trajectory("ddp")
     """With several processes (torchrun): ddp (replicated) or fsdp (FSDP2, sharded)."""
+    reduction: str | None = trajectory(None)
+    """How a step's micro-batch gradients and losses are summed: tree (a fixed tree over the
+    step's micro-batches: the same bits on any process count that divides them) or collective
+    (autograd accumulation and DDP's/FSDP2's own sums: bits follow the process count). Unset:
+    tree for a new run, the checkpoint's own for a resume (collective before tree existed)."""
     dist_timeout: float = setting(1800.0, checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True))
     """With several processes: seconds a collective waits for a peer before the run ends with
     an error naming the rank and step (a dead, stopped or hung process); torch's default. Must
@@ -103,6 +118,11 @@ class HardwareSettings:
             self.parallel in ("ddp", "fsdp"),
             f"parallel {checks.shown(self.parallel)} is unknown",
             "use ddp or fsdp",
+        )
+        require(
+            self.reduction in (None, *REDUCTIONS),
+            f"reduction {checks.shown(self.reduction)} is unknown",
+            "use tree or collective",
         )
         require(
             re.fullmatch(DEVICE_PATTERN, self.device) is not None,

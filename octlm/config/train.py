@@ -47,6 +47,7 @@ from octlm.config.run import (
     ObserveSettings,
     RunSettings,
     profile_out_problem,
+    reduction_or_default,
 )
 from octlm.config.shape import (
     PRESETS,
@@ -136,6 +137,7 @@ KEY_ORDER = (
     "profile_steps",
     "memory_snapshot",
     "log_to",
+    "reduction",
 )
 if set(KEY_ORDER) != set(SECTION_OF) or len(KEY_ORDER) != len(SECTION_OF):
     raise TypeError(f"KEY_ORDER and the sections differ: {set(KEY_ORDER) ^ set(SECTION_OF)}")
@@ -144,6 +146,8 @@ NON_TRAJECTORY_KEYS = tuple(k for k in KEY_ORDER if not FIELDS[k].metadata["traj
 OMITTED_AT_DEFAULT = {
     k: FIELDS[k].default for k in KEY_ORDER if FIELDS[k].metadata.get("omit_default")
 }
+ABSENT_MEANS = {**OMITTED_AT_DEFAULT, "reduction": "collective"}
+"""What a trajectory key missing from a run folder's fingerprint stood for."""
 # The shape keys are checked once resolved (shape.shape_problem).
 FIELD_RULES = {**SHAPE_RULES, **LEARNING_RULES, **INPUT_RULES, **RUN_RULES}
 
@@ -265,6 +269,9 @@ class TrainConfig:
             # keep their fingerprints (they ran the default five).
         d["accum"] = self.inputs.accum * world
         d["fused"] = fused_or_default(d["fused"])
+        d["reduction"] = reduction_or_default(d["reduction"])
+        if d["reduction"] == "collective":  # absent, as in every run written before tree
+            d.pop("reduction")
         return d
 
     def fingerprint_for(self, world: int) -> str:

@@ -61,6 +61,14 @@ class ValidationSet:
         for i in range(0, len(share), self.micro_batch):
             yield self.windows.batch(share[i : i + self.micro_batch])
 
+    def whole_batches(self, rank: int = 0, world: int = 1) -> Iterator[Batch]:
+        """This rank's share of one process's batches: batch b goes to rank b mod world, so
+        each batch is the same windows (the same sums) on any process count."""
+        size = self.micro_batch
+        starts = range(rank * size, len(self.indices), world * size)
+        for i in starts:
+            yield self.windows.batch(self.indices[i : i + size])
+
 
 def validate(
     model: nn.Module,
@@ -71,15 +79,19 @@ def validate(
     rank: int = 0,
     world: int = 1,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    in_order: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
 ) -> EvalResult:
-    """Score `val` (this rank's share of it; `reduce_sum` adds the ranks' totals)."""
+    """Score `val` (this rank's share of it; `reduce_sum` adds the ranks' totals). With
+    `in_order` (the tree reduction) each rank scores whole batches and the batches' losses
+    are added in batch order on every rank: the same bits as one process."""
     return evaluate_batches(
         model,
-        val.batches(rank, world),
+        val.whole_batches(rank, world) if in_order else val.batches(rank, world),
         token_bytes=val.token_bytes,
         device=device,
         dtype=dtype,
         reduce_sum=reduce_sum,
+        in_order=in_order,
     )
 
 
@@ -118,9 +130,11 @@ def evaluate_batches(
     device: torch.device,
     dtype: str = "fp32",
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    in_order: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
 ) -> EvalResult:
     """Loss, perplexity and bits per byte over (inputs, targets) batches; IGNORE targets skip.
-    With several ranks each evaluates its share and `reduce_sum` adds the totals."""
+    With several ranks each evaluates its share and `reduce_sum` adds the totals; with
+    `in_order`, the nats are every rank's per-batch sums added in batch order instead."""
     was_training = model.training
     model.eval()
     table = torch.from_numpy(token_bytes.astype(np.int64))
@@ -129,7 +143,7 @@ def evaluate_batches(
     # bits on either side.
     nats = torch.zeros((), dtype=torch.float64, device=device)
     count_total = torch.zeros((), dtype=torch.int64, device=device)
-    n_bytes = 0
+    n_bytes, parts = 0, []
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         for batch in batches:  # (inputs, targets[, segments])
@@ -137,6 +151,7 @@ def evaluate_batches(
             with autocast(device, dtype):
                 loss_sum, count = model(*(t.to(device) for t in batch))
             nats += loss_sum.double()
+            parts.append(loss_sum.double())
             count_total += count
             n_bytes += int(table[y[y != IGNORE_INDEX]].sum())  # y is on the host: no sync
     model.train(was_training)
@@ -145,6 +160,8 @@ def evaluate_batches(
         totals = torch.tensor([float(nats), n_tokens, n_bytes], dtype=torch.float64)
         nats_t, tokens_t, bytes_t = reduce_sum(totals.to(device)).cpu().tolist()
         nats, n_tokens, n_bytes = torch.tensor(nats_t), int(tokens_t), int(bytes_t)
+        if in_order is not None:
+            nats = in_order(parts).cpu()
     loss = float(nats) / max(1, n_tokens)
     bpb = float(nats) / (math.log(2) * n_bytes) if n_bytes else float("nan")
     return EvalResult(loss, math.exp(min(loss, 700.0)), bpb, n_tokens, n_bytes)

@@ -262,7 +262,13 @@ def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResul
     measure = validating and cfg.inputs.accum > 1 and not run.dist.enabled
     with record_function("octlm::step"):
         result = train_step(
-            run.setup, run.optimizer, batches, lr=lr, measure_noise=measure, digest_grads=digesting
+            run.setup,
+            run.optimizer,
+            batches,
+            lr=lr,
+            step=s,
+            measure_noise=measure,
+            digest_grads=digesting,
         )
     dt = time.perf_counter() - t0
     state.advance(run.tokens_per_step, result.skipped)

@@ -86,16 +86,18 @@ class MicroGradTracker:
         return a.double() if b is None else a.double() - b.double()
 
     @torch.no_grad()
-    def after_micro(self, n_targets: int) -> None:
-        """Record the micro-batch whose backward just ran; it had `n_targets` real targets."""
+    def after_micro(self, n_targets: int, alone: bool = False) -> None:
+        """Record the micro-batch whose backward just ran; it had `n_targets` real targets.
+        `alone`: `.grad` holds this micro-batch's gradient only (the tree reduction)."""
         if n_targets <= 0:
             return  # an all-PAD micro-batch has no mean gradient (and contributed nothing)
         scale = self.total_targets / n_targets
         terms = []
         for i, p in enumerate(self.params):
             cur = self._grad(p)
-            terms.append((self._sub(cur, self.prev[i]) * scale).square().sum())
-            self.prev[i] = cur.clone()
+            terms.append((self._sub(cur, None if alone else self.prev[i]) * scale).square().sum())
+            if not alone:
+                self.prev[i] = cur.clone()
         self.micro_sqnorms.append(_total(terms))
         self.micro_sizes.append(int(n_targets))
 

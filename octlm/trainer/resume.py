@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import torch
 
 from octlm.config.learning import fused_or_default
+from octlm.config.run import reduction_or_default
 from octlm.config.train import TrainConfig
 from octlm.device import fast_bf16_products
 from octlm.errors import RankError, ResumeError
@@ -141,6 +142,9 @@ def settled_defaults(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> T
     if cfg.optim.fused is None:
         saved = resumed.trajectory.get("fused") if resumed is not None else None
         cfg = cfg.replace(fused=fused_or_default(saved))
+    if cfg.hardware.reduction is None:
+        saved = resumed.trajectory.get("reduction", "collective") if resumed else None
+        cfg = cfg.replace(reduction=reduction_or_default(saved))
     return cfg
 
 
@@ -171,10 +175,15 @@ def elastic_config(
             f"the checkpoint's {total} micro-batches per step do not split over {world} processes",
             "resume with a process count that divides it",
         )
+    how = (
+        "and the tree reduction sums in the same order: bitwise"
+        if cfg.hardware.reduction == "tree"
+        else "but sums run in another order (not bitwise: --reduction collective)"
+    )
     note = (
         f"checkpoint written by {resumed.world} process(es), resumed by {world}: "
         f"--accum set to {total // world} to keep the global batch; the data order continues, "
-        "but sums run in another order (not bitwise)"
+        + how
     )
     return cfg.replace(accum=total // world), [note]
 

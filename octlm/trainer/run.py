@@ -40,13 +40,13 @@ from octlm.trainer.distributed import (
     gather_objects,
     init_distributed,
     load_full_state,
-    sync_context,
-    wrap_model,
 )
 from octlm.trainer.guards import check_shared_folder
 from octlm.trainer.init_from import InitPlan, load_into, plan_init
 from octlm.trainer.inputs import build_inputs, open_data
+from octlm.trainer.layout import check_layout, place_model, step_setup
 from octlm.trainer.optim import build_optimizer, param_names
+from octlm.trainer.reduction import ordered_sum
 from octlm.trainer.resume import Found, find_agreed, settle
 from octlm.trainer.saver import BackgroundSaver
 from octlm.trainer.state import (
@@ -179,6 +179,11 @@ class Run:
             return []
         # No state for this rank layout: fresh generators, distinct per rank and step.
         seed_everything(self.cfg.inputs.seed * 1000 + self.dist.rank + self.state.step)
+        if self.cfg.hardware.reduction == "tree":  # each micro-batch seeds its own draws
+            return [
+                "random generators re-seeded for the new process count (dropout draws from "
+                "(seed, step, micro-batch): the same on any process count)"
+            ]
         return ["random generators re-seeded for the new process count"]
 
     def save(self) -> None:
@@ -207,6 +212,7 @@ class Run:
         # the totals are summed. FSDP must run the sharded module on every rank in lockstep,
         # so each rank scores everything.
         split = self.dist.enabled and self.cfg.hardware.parallel == "ddp"
+        tree = split and self.cfg.hardware.reduction == "tree"  # batches added in order
         return validate(
             self.model if split else self.setup.forward,
             val,
@@ -215,6 +221,7 @@ class Run:
             rank=self.dist.rank if split else 0,
             world=self.dist.world if split else 1,
             reduce_sum=(lambda t: all_reduce_sum(t, self.dist)) if split else None,
+            in_order=(lambda parts: ordered_sum(parts, self.dist)) if tree else None,
         )
 
     def header(self) -> dict[str, Any]:
@@ -259,6 +266,7 @@ def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
     start = find_agreed(Path(cfg.run.out), dist, device, fsdp) if cfg.run.resume else None
     resumed = start.info if start else None
     cfg, notes = settle(cfg, resumed, dist, device)
+    check_layout(cfg, dist.world)
     check_device_dtype(device, cfg.hardware.dtype)
     if device.type == "cpu":
         keep_freed_host_memory()
@@ -271,11 +279,11 @@ def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
     # --doc-mask on CUDA: FlexAttention's fused kernel (dropout, which flex lacks, keeps SDPA).
     model.flex_segments = cfg.inputs.doc_mask and device.type == "cuda" and cfg.shape.dropout == 0
     notes += init.notes if init else []
-    wrapped = wrap_model(model, dist, cfg.hardware.parallel, device)
+    wrapped = place_model(model, cfg, dist, device)
     # After wrapping: FSDP shards the parameters.
     optimizer = build_optimizer(model, cfg.optim, cfg.lr_schedule.lr)
     scaler = torch.amp.GradScaler(device.type) if cfg.hardware.dtype == "fp16" else None
-    setup = _step_setup(cfg, model, wrapped, scaler, dist, device)
+    setup = step_setup(cfg, model, wrapped, optimizer, scaler, dist, device)
     inputs = build_inputs(cfg, dataset, tokenizer, dist)
     return Run(
         cfg=cfg,
@@ -305,29 +313,6 @@ def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
         init_from=init.record if init else None,
         packing=inputs.packing,
         start=start,
-    )
-
-
-def _step_setup(
-    cfg: TrainConfig,
-    model: GPT,
-    wrapped: nn.Module,
-    scaler: torch.amp.GradScaler | None,
-    dist: DistInfo,
-    device: torch.device,
-) -> StepSetup:
-    return StepSetup(
-        forward=torch.compile(wrapped) if cfg.hardware.compile else wrapped,
-        device=device,
-        grad_clip=cfg.optim.grad_clip,
-        dtype=cfg.hardware.dtype,
-        scaler=scaler,
-        clip_model=model,
-        before_backward=sync_context(wrapped, dist, cfg.hardware.parallel, cfg.inputs.accum),
-        skip_nonfinite=cfg.run.skip_nonfinite,
-        world=dist.world,
-        reduce_sum=(lambda t: all_reduce_sum(t, dist)) if dist.enabled else None,
-        z_loss=cfg.optim.z_loss,
     )
 
 

@@ -20,6 +20,7 @@ from octlm.hashing import tensor_digests
 from octlm.model.gpt import IGNORE_INDEX
 from octlm.trainer.noise import MicroGradTracker, simple_noise_scale
 from octlm.trainer.optim import clip_grad_norm, set_lr
+from octlm.trainer.reduction import TreeReducer
 
 Batch = tuple[torch.Tensor, ...]
 """(inputs, targets) or, for packed examples, (inputs, targets, segments): CPU tensors (B, T)."""
@@ -47,6 +48,12 @@ class StepSetup:
     """With `world` > 1: the sum across ranks (of the target count and the loss)."""
     z_loss: float = 0.0
     """Weight of the z-loss term added to the objective (0: off, and not computed)."""
+    tree: TreeReducer | None = None
+    """--reduction tree: the fixed-tree fold of the micro-batches' gradients and losses (then
+    `world` is 1: nothing averages); None: autograd accumulates, DDP/FSDP2 sum."""
+    seed_micro: Callable[[int, int], None] | None = None
+    """--reduction tree: `seed_micro(step, micro)` seeds the generators before a micro-batch's
+    forward, from (seed, step, its index in the step), so dropout is the same on any layout."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,7 @@ def train_step(
     micro_batches: Sequence[Batch],
     *,
     lr: float,
+    step: int = 0,
     measure_noise: bool = False,
     digest_grads: bool = False,
 ) -> StepResult:
@@ -108,22 +116,24 @@ def train_step(
         n_targets = int(reduce_sum(torch.tensor([n_targets], device=device)).item())
     params = clip_model.parameters()
     tracker = MicroGradTracker(params, n_targets) if measure_noise and n_targets else None
-    loss_total, z_total = _backward(setup, micro_batches, max(1, n_targets), micro_targets, tracker)
+    denom = max(1, n_targets)
+    loss_total, z_total = _backward(setup, micro_batches, denom, micro_targets, tracker, step)
     # Read before unscaling and clipping; a constant scale cancels in B_simple anyway.
     noise = simple_noise_scale(*tracker.result()) if tracker is not None else None
     if scaler is not None:
         scaler.unscale_(optimizer)
     digests = grad_digests(clip_model) if digest_grads else None  # zeroed after the update
-    norm = clip_grad_norm(clip_model, setup.grad_clip)
-    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
-        norm = norm.full_tensor()
     # The host sync happens here, before the update, so a non-finite step never reaches the
     # weights. With an fp16 scaler, inf gradients are routine (the scaler skips and backs off),
     # so only the loss is checked there.
-    if reduce_sum is not None:
-        loss_total = reduce_sum(loss_total)
-        z_total = reduce_sum(z_total) if z_total is not None else None
-    loss_value, norm_value = float(loss_total.item()), float(norm.item())
+    if setup.tree is not None:  # the loss is already folded over every rank
+        norm_value = setup.tree.clip(setup.grad_clip)
+    else:
+        norm_value = _clip(clip_model, setup.grad_clip)
+        if reduce_sum is not None:
+            loss_total = reduce_sum(loss_total)
+            z_total = reduce_sum(z_total) if z_total is not None else None
+    loss_value = float(loss_total.item())
     z_value = float(z_total.item()) if z_total is not None else None
     if not (math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))):
         optimizer.zero_grad(set_to_none=True)
@@ -141,6 +151,13 @@ def train_step(
         grad_digests=digests,
         z_loss=z_value,
     )
+
+
+def _clip(model: nn.Module, max_norm: float) -> float:
+    norm = clip_grad_norm(model, max_norm)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
+        norm = norm.full_tensor()
+    return float(norm.item())
 
 
 def _update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> bool:
@@ -172,14 +189,20 @@ def _backward(
     denom: int,
     micro_targets: list[int],
     tracker: MicroGradTracker | None,
+    step: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward and backward of every micro-batch, gradients summed; returns the step's loss
     and, with a z-loss, its weighted term. `denom` is the step's real-target count (at least
     1: an all-PAD step adds zero, not NaN)."""
-    device, world, scaler = setup.device, setup.world, setup.scaler
+    device, world, scaler, tree = setup.device, setup.world, setup.scaler, setup.tree
     loss_total = torch.zeros((), device=device, dtype=torch.float32)
     z_total = torch.zeros((), device=device, dtype=torch.float32) if setup.z_loss else None
+    losses, zs = [], []  # --reduction tree: per micro-batch, folded at the end
+    if tree is not None:
+        tree.start()
     for micro, batch in enumerate(micro_batches):
+        if setup.seed_micro is not None:
+            setup.seed_micro(step, micro)
         # (inputs, targets), or (inputs, targets, segments) for packed examples
         x, y, *segments = (t.to(device, non_blocking=True) for t in batch)
         hook = setup.before_backward
@@ -194,11 +217,18 @@ def _backward(
             if z_total is not None:
                 z_term = setup.z_loss * z_sum / denom
                 objective = loss + z_term
+                zs.append(z_term.detach())
                 z_total += z_term.detach()
             # DDP and FSDP average gradients over ranks; scaling by the world makes it a sum.
             scaled = objective * world if world > 1 else objective
             (scaler.scale(scaled) if scaler else scaled).backward()
+        losses.append(loss.detach())
         loss_total += loss.detach()
-        if tracker is not None:
-            tracker.after_micro(micro_targets[micro])
-    return loss_total, z_total
+        if tracker is not None:  # under the tree each micro-batch's gradient is alone
+            tracker.after_micro(micro_targets[micro], alone=tree is not None)
+        if tree is not None:
+            tree.after_micro()
+    if tree is None:
+        return loss_total, z_total
+    tree.finish()
+    return tree.fold_values(losses), tree.fold_values(zs) if zs else None

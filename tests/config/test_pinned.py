@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,7 @@ from octlm.config.files import read_toml, shipped_configs
 from octlm.config.train import TrainConfig
 
 GOLDEN_LOG = Path(__file__).resolve().parents[1] / "golden" / "v1-micro" / "run" / "log.jsonl"
-# name: (fingerprint_for(1), fingerprint_for(4))
+# name: (fingerprint_for(1), fingerprint_for(4)), taken before sections and the tree
 SHIPPED = {
     "ablations/accum": (
         "4a917a3c00657cf0b102447c88e53e6684ef68fbe1b01eaa2ae093350a384215",
@@ -59,9 +60,54 @@ SHIPPED = {
         "27d5f58bb3d1690c853f5d4921de46644173300fb8a217fbb7d39169665e6495",
     ),
 }
+SHIPPED_TREE = {
+    "ablations/accum": (
+        "305c6162107f031759a2885561ddb99567130385017bb57b55512881b66b4960",
+        "c7b5ea0373d779df17072b96317363f4bff5b9f633bdb7573e924e18b92105f6",
+    ),
+    "ablations/clip": (
+        "b30e595f4e1817931a902dc9ae2eda1b24e6fb4166cb35d9142f05b73c87108a",
+        "f5566f2d9c711d2dd9f5e8b1521823168ffc7a9b6e2a035d1e1796d9b9d61e33",
+    ),
+    "ablations/high_lr": (
+        "2512ac2c0216c915a732c6f048fd87357591f0271e20ac56089c118935f56705",
+        "05f28bc0310f1c99ea4bccc6a91e2a74cb3d16a747a8472d6af3886bcaaa3db1",
+    ),
+    "ablations/lr": (
+        "b30e595f4e1817931a902dc9ae2eda1b24e6fb4166cb35d9142f05b73c87108a",
+        "f5566f2d9c711d2dd9f5e8b1521823168ffc7a9b6e2a035d1e1796d9b9d61e33",
+    ),
+    "ablations/warmup": (
+        "b30e595f4e1817931a902dc9ae2eda1b24e6fb4166cb35d9142f05b73c87108a",
+        "f5566f2d9c711d2dd9f5e8b1521823168ffc7a9b6e2a035d1e1796d9b9d61e33",
+    ),
+    "day1-overfit": (
+        "1389a892cc868fac5254289fc6c27bc0b154e8f6e4c1a4181fd0a179db862d20",
+        "2808157d4f563334a9a1f973e39efc693a5d7fecb621e493dfb04d56198c0a0a",
+    ),
+    "main88": (
+        "02a3babea2679827a3ad8d82c7b4ca7c574c4c2a79a6c7bab1e708478a2bd4e3",
+        "d631f74da9c4acfb584d558dc5c8313c0848afc971de1b0a8662e12bfb980a04",
+    ),
+    "recipe": (
+        "fb6d11372906441f6b0125cb607d7fced712a37c67030c2c5cec121a75d1e52b",
+        "e9b979e8fdb63fbb395fb7ccf50e775756ab2fd6f21ac784e992d9837c900250",
+    ),
+    "small": (
+        "478709c386ace0167fe50081e6808e51a155e52c8bcde2a5ae530c557a43655e",
+        "46b638f08718a54d52dab395a6454cd0891fb0a058d44d9839cc702a080e931e",
+    ),
+    "tiny": (
+        "fe45f837f45642989e917b1bd204aa2366750deb16ccf4498b31e4dfd8110051",
+        "893bdc2065b01a319523526d61e5676633593da40c2166be8c742d2a59a71c23",
+    ),
+}
+"""The same configs as new runs take them today: `reduction = "tree"` in the fingerprint."""
 DEFAULT_DICT_SHA256 = "7728d64b2fef103a6c57794fa2790ae75321d908c7e6c7bec76a929c46ce7ea2"
-"""sha256 of `json.dumps(TrainConfig().to_dict())`: its values and its key order, the bytes a
-checkpoint's metadata and a log header hold (JSON objects keep their insertion order)."""
+"""sha256 of `json.dumps(TrainConfig().to_dict())` before `reduction` was appended: its values
+and its key order, the bytes a checkpoint's metadata and a log header hold (JSON objects keep
+their insertion order)."""
+DEFAULT_DICT_NOW_SHA256 = "f7374c00d10e2824e7569f9b5f2e8986b82e417123e5e286d023d2d642eec8f4"
 
 
 def test_every_shipped_config_is_pinned() -> None:
@@ -71,14 +117,21 @@ def test_every_shipped_config_is_pinned() -> None:
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_a_shipped_config_keeps_its_fingerprints(name: str) -> None:
     keys, _ = read_toml(name, sweep=True)
+    old = TrainConfig(**keys, reduction="collective")
+    assert (old.fingerprint_for(1), old.fingerprint_for(4)) == SHIPPED[name]
     cfg = TrainConfig(**keys)
-    assert (cfg.fingerprint_for(1), cfg.fingerprint_for(4)) == SHIPPED[name]
+    assert (cfg.fingerprint_for(1), cfg.fingerprint_for(4)) == SHIPPED_TREE[name]
 
 
 def test_the_golden_run_folder_keeps_its_fingerprint() -> None:
     """The config its header records, rebuilt today, has the fingerprint that run recorded."""
+    from octlm.trainer.resume import settled_defaults
+
     header = json.loads(GOLDEN_LOG.read_text().splitlines()[0])
-    cfg = TrainConfig(**header["config"])
+    unset = TrainConfig(**header["config"])
+    # As a resume settles it: the folder's trajectory has no `reduction` (collective sums).
+    cfg = settled_defaults(unset, SimpleNamespace(trajectory={"fused": False}))  # type: ignore
+    assert cfg.hardware.reduction == "collective"
     assert cfg.fingerprint_for(header["world"]) == header["fingerprints"]["config"]
     # An older octlm wrote fewer keys: each it wrote has its value, in the order it wrote them.
     written = [k for k in cfg.to_dict() if k in header["config"]]
@@ -87,8 +140,12 @@ def test_the_golden_run_folder_keeps_its_fingerprint() -> None:
 
 
 def test_the_flat_config_keeps_its_bytes() -> None:
-    raw = json.dumps(TrainConfig().to_dict()).encode()
-    assert hashlib.sha256(raw).hexdigest() == DEFAULT_DICT_SHA256
+    """New keys are appended: the bytes before them are the earlier bytes."""
+    flat = TrainConfig().to_dict()
+    raw = json.dumps(flat).encode()
+    assert hashlib.sha256(raw).hexdigest() == DEFAULT_DICT_NOW_SHA256
+    assert list(flat)[-1] == "reduction" and flat.pop("reduction") is None
+    assert hashlib.sha256(json.dumps(flat).encode()).hexdigest() == DEFAULT_DICT_SHA256
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -102,7 +159,7 @@ def test_the_printed_config_reads_back_to_the_same_run(name: str, tmp_path: Path
     path = tmp_path / "printed.toml"
     path.write_text(sectioned_toml(cfg), encoding="utf-8")
     assert TrainConfig(**load_toml(path)) == cfg
-    assert TrainConfig(**load_toml(path)).fingerprint_for(1) == SHIPPED[name][0]
+    assert TrainConfig(**load_toml(path)).fingerprint_for(1) == SHIPPED_TREE[name][0]
     text = path.read_text(encoding="utf-8")
     assert ("muon_lr" in text) == (cfg.optim.optimizer == "muon")
     assert text.startswith("# shape\n") and "\n# optim\n" in text
