@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -126,13 +126,7 @@ def train_step(
     # The host sync happens here, before the update, so a non-finite step never reaches the
     # weights. With an fp16 scaler, inf gradients are routine (the scaler skips and backs off),
     # so only the loss is checked there.
-    if setup.tree is not None:  # the loss is already folded over every rank
-        norm_value = setup.tree.clip(setup.grad_clip)
-    else:
-        norm_value = _clip(clip_model, setup.grad_clip)
-        if reduce_sum is not None:
-            loss_total = reduce_sum(loss_total)
-            z_total = reduce_sum(z_total) if z_total is not None else None
+    norm_value, loss_total, z_total = _norm_and_totals(setup, clip_model, loss_total, z_total)
     loss_value = float(loss_total.item())
     z_value = float(z_total.item()) if z_total is not None else None
     if not (math.isfinite(loss_value) and (scaler is not None or math.isfinite(norm_value))):
@@ -141,16 +135,22 @@ def train_step(
             raise NonFiniteError(loss_value, norm_value)
         return StepResult(loss_value, norm_value, n_targets, True, True, noise)
     skipped = _update(optimizer, scaler)
-    return StepResult(
-        loss_value,
-        norm_value,
-        n_targets,
-        skipped,
-        False,
-        noise,
-        grad_digests=digests,
-        z_loss=z_value,
-    )
+    done = StepResult(loss_value, norm_value, n_targets, skipped, False, noise)
+    return replace(done, grad_digests=digests, z_loss=z_value)
+
+
+def _norm_and_totals(
+    setup: StepSetup, clip_model: nn.Module, loss: torch.Tensor, z: torch.Tensor | None
+) -> tuple[float, torch.Tensor, torch.Tensor | None]:
+    """The gradient norm before clipping (the gradients clipped), and the step's loss and
+    z-loss summed over every rank."""
+    if setup.tree is not None:  # the losses are already folded over every rank
+        return setup.tree.clip(setup.grad_clip), loss, z
+    norm = _clip(clip_model, setup.grad_clip)
+    if setup.reduce_sum is not None:
+        loss = setup.reduce_sum(loss)
+        z = setup.reduce_sum(z) if z is not None else None
+    return norm, loss, z
 
 
 def _clip(model: nn.Module, max_norm: float) -> float:

@@ -67,12 +67,10 @@ SHIPPED = (*SHIPPED_OPTIONS, "--muon-ns-dtype", SHIPPED_RECIPE.get("muon_ns_dtyp
 """The recipe's options with its products' dtype ("fast": bf16 on this machine if it has AMX)."""
 ACROSS_LAYOUTS = (*SHIPPED_OPTIONS, "--muon-ns-dtype", "fp32")
 """The recipe's options with float32 products, for the runs compared across layouts (another
-world, FSDP). Those sum gradients in another order, and compare within TOLERANCE: bf16 products
-round a last-bit difference to one of 2^-8, and AdamW's normalised step lifts it further on
-entries with near-zero gradients (measured: FSDP on 2 ranks against one process, 6 steps,
-2.7e-3 with bf16 products, 7e-7 with float32). Each layout's bf16 run is exact on its own:
-split equals straight (test_muon_bf16_fsdp2_split_equals_straight)."""
-TOLERANCE = 1e-5  # as tests/e2e/test_distributed.py: weights after 6 steps, another world
+world, FSDP). Under the collective sums those differed (FSDP on 2 ranks against one process, 6
+steps: 2.7e-3 with bf16 products, 7e-7 with float32); the tree reduction makes them bitwise,
+and they are compared exactly. Each layout's bf16 run is exact on its own too: split equals
+straight (test_muon_bf16_fsdp2_split_equals_straight)."""
 ADAMW_KEYS = {"exp_avg", "exp_avg_sq", "step"}
 
 
@@ -214,7 +212,7 @@ def muon_ddp(straight_run) -> Path:
 
 def test_muon_ddp_two_ranks_match_one_process_with_accumulation(muon_single, muon_ddp) -> None:
     # As the AdamW test: same global batch and data; only the order of a 2-term sum differs.
-    assert max_weight_diff(muon_single, muon_ddp) <= TOLERANCE
+    assert max_weight_diff(muon_single, muon_ddp) == 0.0
     for (s1, l1, _), (s2, l2, _) in zip(steps_of(muon_single), steps_of(muon_ddp), strict=True):
         assert s1 == s2 and abs(l1 - l2) <= 1e-5
 
@@ -228,7 +226,7 @@ def test_muon_resume_across_world_sizes(tiny_dataset, muon_single, tmp_path, dir
     proc = octlm(*dist_args(tiny_dataset, out, *accum, *second, "--resume", *ACROSS_LAYOUTS))
     assert "to keep the global batch" in proc.stderr
     assert [s for s, _, _ in steps_of(out)] == list(range(1, DSTEPS + 1))
-    assert max_weight_diff(muon_single, out) <= TOLERANCE
+    assert max_weight_diff(muon_single, out) == 0.0
 
 
 # -- Muon on 2 processes: FSDP2 --------------------------------------------------------------
@@ -255,8 +253,8 @@ def test_muon_fsdp2_split_equals_straight_and_reshards(
             tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume", *ACROSS_LAYOUTS
         )
     )
-    assert max_weight_diff(fsdp_straight, one) <= TOLERANCE
-    assert max_weight_diff(muon_single, fsdp_straight) <= TOLERANCE
+    assert max_weight_diff(fsdp_straight, one) == 0.0
+    assert max_weight_diff(muon_single, fsdp_straight) == 0.0
 
 
 def test_muon_bf16_fsdp2_split_equals_straight(tiny_dataset, straight_run, tmp_path) -> None:
