@@ -270,7 +270,7 @@ def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
     check_device_dtype(device, cfg.hardware.dtype)
     if device.type == "cpu":
         keep_freed_host_memory()
-    configure_determinism(cfg.hardware.deterministic, device)
+    configure_determinism(cfg.hardware.determinism_parts, device)
     data_dir, dataset, tokenizer = open_data(cfg)
     init = plan_init(cfg, tokenizer, resumed, model_flag)  # the source, unless resuming
     model_config, model = _build_model(cfg, tokenizer, init)
