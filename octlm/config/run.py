@@ -96,9 +96,9 @@ class HardwareSettings:
     memory for about one more forward per step, the same bits (a setting, so a resume may
     turn it on or off)."""
     deterministic: bool = trajectory(False)
-    """Every part of determinism deterministic_parts names (algorithms, attention, inductor):
-    on CUDA two straight runs and a resumed one end on the same bits. Costly on a GPU (an H200
-    measured the whole at 58% of a step); deterministic_parts picks some."""
+    """All three parts of determinism (algorithms, attention, inductor: see
+    deterministic_parts), without which two straight CUDA runs part within a few steps. Costly
+    on a GPU; deterministic_parts picks some."""
     deterministic_parts: str | None = new_trajectory(None)
     """Some parts of --deterministic, comma-separated: algorithms (torch's deterministic
     kernels everywhere, with the cuBLAS workspace and cuDNN settings they need), attention (on
