@@ -6,6 +6,7 @@ warms up for 2 steps only; those keys were written out by each bench until they 
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,18 @@ def optimizer_for(model: Any, cfg: TrainConfig) -> Any:
     from octlm.trainer.optim import build_optimizer
 
     return build_optimizer(model, cfg.optim, cfg.lr_schedule.lr)
+
+
+def step_times_and_memory(cfg: TrainConfig) -> tuple[list[float], float | None]:
+    """Seconds per step (gaps between the log's `elapsed`, warm-up dropped) and the largest
+    `mem_mb` of the run's steps (on CUDA the step's peak allocated memory)."""
+    from octlm.runlog import read_log
+    from octlm.trainer.loop import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg.replace(out=str(Path(tmp) / "run")))
+        steps = [r for r in read_log(Path(tmp) / "run") if r["type"] == "step"]
+    elapsed = [r["elapsed"] for r in steps]
+    memory = [r["mem_mb"] for r in steps if r.get("mem_mb") is not None]
+    gaps = [b - a for a, b in zip(elapsed[1:], elapsed[2:], strict=False)]
+    return gaps[2:], max(memory) if memory else None  # compile warms up over the first steps

@@ -3,7 +3,8 @@ on 2026-12-04: docs/performance.md, "On a GPU").
 
     .venv/bin/python -m bench.gpu_check                   # on a CUDA machine, over 15 minutes
     .venv/bin/python -m bench.gpu_check --device cpu --models tiny --context 64 --micro-batch 2 \
-        --accum 1 --steps 6 --variants bf16,fused --split 3    # a smoke test of the script itself
+        --accum 1 --steps 6 --variants bf16,fused --split 3 \
+        --det-combos none,algorithms,attention    # a smoke test of the script itself
 
 1. Speed and memory: tokens/s, MFU and the step's peak allocated memory (the log's `mem_mb`)
    of `octlm train` for each model with bf16 autocast and the per-tensor AdamW, then adding
@@ -28,6 +29,11 @@ on 2026-12-04: docs/performance.md, "On a GPU").
    through the Gram matrix, QK-norm, value residual) on the device in fp32 as shipped, Muon's
    optimizer step against the forward and backward; then (`recipe_compiled`) in bf16 with
    --compile. On CUDA with --deterministic, without which two straight runs part.
+7. --deterministic's parts (issue 51, bench/gpu_determinism.py): the step time of no part,
+   each part alone (algorithms, attention, inductor) and all, as a ratio to the run without
+   parts (compiled alike), on `small` with bf16 and fused AdamW, interleaved round by round;
+   then verify-resume of each, printing which end on the straight run's bits. `--det-combos`
+   picks them.
 
 `--sections` picks and orders them. On one H200 the exactness part took 367 s (nine compiles in
 fresh processes) and `small`'s six speed variants about 100 s: a 15-minute lease holds the
@@ -59,7 +65,8 @@ from octlm.trainer.loop import train
 if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bench_config, optimizer_for
+from bench import gpu_determinism
+from bench.common import bench_config, optimizer_for, step_times_and_memory
 
 VARIANTS = {
     "bf16": {"fused": False},
@@ -86,18 +93,6 @@ def base_config(model: str, args: argparse.Namespace, steps: int, **extra: Any) 
         lr=6e-4,
         **extra,
     )
-
-
-def step_times_and_memory(cfg) -> tuple[list[float], float | None]:
-    """Seconds per step (gaps between the log's `elapsed`, warm-up dropped) and the largest
-    `mem_mb` of the run's steps (on CUDA the step's peak allocated memory)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        train(cfg.replace(out=str(Path(tmp) / "run")))
-        steps = [r for r in read_log(Path(tmp) / "run") if r["type"] == "step"]
-    elapsed = [r["elapsed"] for r in steps]
-    memory = [r["mem_mb"] for r in steps if r.get("mem_mb") is not None]
-    gaps = [b - a for a, b in zip(elapsed[1:], elapsed[2:], strict=False)]
-    return gaps[2:], max(memory) if memory else None  # compile warms up over the first steps
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -313,6 +308,7 @@ SECTIONS = {
     "speed": speed,
     "profile": profile,
     "nccl": nccl,
+    "determinism": gpu_determinism.determinism,
 }
 
 
@@ -329,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--split", type=int, default=6)
     ap.add_argument("--sections", default=",".join(SECTIONS), help="which checks, in this order")
     ap.add_argument("--profile-out", default="gpu-profile", help="folder for the profile run")
+    gpu_determinism.add_arguments(ap)
     return ap
 
 
@@ -340,6 +337,8 @@ def main() -> None:
     unknown = sorted(set(names) - set(SECTIONS))
     if unknown:
         raise SystemExit(f"unknown section(s) {unknown}: choose from {', '.join(SECTIONS)}")
+    if "determinism" in names:
+        gpu_determinism.combo_names(args)  # an unknown combination ends here, before any run
     failed = []
     for name in names:
         start = time.perf_counter()

@@ -2,10 +2,11 @@
 
 One table of dtype names (`fp32`, `bf16`, `fp16`, as flags and TOML spell them) to torch dtypes,
 mixed precision as autocast over FP32 weights, device resolution, and `build_info`: what
-PyTorch's bitwise promise depends on (release, platform, device, threads). And the device's peak
-FLOP/s, MFU's denominator: a known GPU's table value, or what `octlm bench peak` measured here
-(stored in `$OCTLM_CACHE/peak.json`, keyed by device name, dtype, torch version and, on a CPU, the
-intra-op thread count, so a peak measured under another setup is never returned).
+PyTorch's bitwise promise depends on (release, platform, device and its SM count, threads). And
+the device's peak FLOP/s, MFU's denominator: a known GPU's table value, or what `octlm bench
+peak` measured here (stored in `$OCTLM_CACHE/peak.json`, keyed by device name, dtype, torch
+version and, on a CPU, the intra-op thread count, so a peak measured under another setup is
+never returned).
 """
 
 from __future__ import annotations
@@ -161,31 +162,101 @@ def keep_freed_host_memory() -> bool:
 
 
 def build_info(device: torch.device) -> dict[str, Any]:
-    """What PyTorch's bitwise promise depends on: release, platform, device, threads.
+    """What PyTorch's bitwise promise depends on: release, platform, device, threads; on CUDA
+    also the device's SM count and MIG slice (cuBLAS promises the same bits only on the same
+    architecture with the same number of SMs, and a MIG slice has fewer SMs than its GPU).
 
     Stored in every checkpoint and log header; a resume on another build is noted, not refused.
     """
     cuda = device.type == "cuda"
-    return {
+    name = torch.cuda.get_device_name(device) if cuda else f"cpu:{platform.machine()}"
+    info = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "device": torch.cuda.get_device_name(device) if cuda else f"cpu:{platform.machine()}",
+        "device": name,
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "numerics": numerics.record(),
     }
+    if cuda:  # absent on a CPU, as in every record written before these keys
+        info["sms"] = torch.cuda.get_device_properties(device).multi_processor_count
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        info["mig"] = mig_slice(name, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
+    return info
+
+
+MIG_PROFILE = re.compile(r"\bMIG\s+(\d+g\.\d+gb)\b", re.IGNORECASE)
+
+
+def mig_slice(name: str, visible: str | None, index: int) -> str | None:
+    """The MIG slice a CUDA device is, or None for a whole GPU: its profile from the device's
+    name ("NVIDIA A100-SXM4-40GB MIG 3g.20gb": "3g.20gb"), else "profile unknown" when the
+    visible device at `index` is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>,...). The
+    uuid itself is not recorded: another slice of the same profile computes the same bits."""
+    found = MIG_PROFILE.search(name)
+    if found:
+        return found[1]
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if 0 <= index < len(entries) and entries[index].startswith("MIG-"):
+        return "profile unknown"
+    return None
+
+
+DEVICE_KEYS = ("device", "sms", "mig")
+"""The build keys that say which device computed: a change is its own line (`device_change`)."""
+
+
+def describe_device(build: dict[str, Any]) -> str:
+    """A build's device as a resume note names it: "NVIDIA H100 80GB HBM3 (132 SMs)"."""
+    extra = [f"{build['sms']} SMs"] if build.get("sms") is not None else []
+    mig = build.get("mig")
+    if mig is not None and mig not in str(build.get("device")):
+        extra.append(f"MIG slice, {mig}")
+    return f"{build.get('device')}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def device_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """One line when the device differs: another model, or (both recorded) another SM count or
+    MIG slice; None when it is the same. A record from before the SM count was kept compares by
+    name only, so an old CUDA checkpoint resumed on its own GPU model is no change."""
+    both = "sms" in old and "sms" in new
+    keys = DEVICE_KEYS if both else ("device",)
+    if all(old.get(k) == new.get(k) for k in keys):
+        return None
+    return (
+        f"written on {describe_device(old)}, resumed on {describe_device(new)}: "
+        "bits are not promised across devices"
+    )
 
 
 def build_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """How the build a checkpoint was written on differs from this one, where that can change
-    bits: release, device, platform, thread count, MKL's reproducibility mode. Who set a
-    variable, and MKL's dynamic switch (it matters only under load), are not differences."""
+    bits: the device (`device_change`'s line, first), release, platform, thread count, MKL's
+    reproducibility mode. Who set a variable, and MKL's dynamic switch (it matters only under
+    load), are not differences."""
+    skip = ("numerics", *DEVICE_KEYS)
     changes = changed_keys(
-        {k: v for k, v in old.items() if k != "numerics"},
-        {k: v for k, v in new.items() if k != "numerics"},
+        {k: v for k, v in old.items() if k not in skip},
+        {k: v for k, v in new.items() if k not in skip},
     )
-    return changes + numerics.bits_changes(old.get("numerics"), new["numerics"])
+    moved = device_change(old, new)
+    bits = numerics.bits_changes(old.get("numerics"), new["numerics"])
+    return ([moved] if moved else []) + changes + bits
+
+
+def build_notes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """A resume's notes on the build: the device line alone (`device_change`), then the other
+    changes in one line; [] on the same build."""
+    moved = device_change(old, new)
+    rest = [c for c in build_changes(old, new) if c != moved]
+    notes = [moved] if moved else []
+    if rest:
+        notes.append(
+            f"resuming on a different build ({'; '.join(rest)}): bitwise equality with an "
+            "uninterrupted run is no longer promised"
+        )
+    return notes
 
 
 # Dense bf16 tensor-core peaks (FLOP/s) for MFU, matched against torch.cuda.get_device_name in

@@ -100,6 +100,22 @@ TRAIN_FLAGS = {
     "softcap_nan": (["--logit-softcap", "nan"], "logit_softcap=nan must be a number in [0,"),
     "z_loss_inf": (["--z-loss", "inf"], "z_loss=inf must be a number in [0, 1]"),
     "z_loss_negative": (["--z-loss=-1e-4"], "z_loss=-0.0001 must be a number in [0, 1]"),
+    "deterministic_parts_unknown": (
+        ["--deterministic-parts", "algorithms,cudnn"],
+        "deterministic_parts 'algorithms,cudnn' names unknown part(s) cudnn; use a",
+    ),
+    "deterministic_parts_blank": (
+        ["--deterministic-parts", ","],
+        "deterministic_parts ',' names no part; use a comma-separated list of algorithms,",
+    ),
+    "deterministic_parts_beside_deterministic": (
+        ["--deterministic", "--deterministic-parts", "attention"],
+        "deterministic=true is every part already; deterministic_parts 'attention' names some",
+    ),
+    "deterministic_parts_all": (
+        ["--deterministic-parts", "inductor,attention,algorithms"],
+        "names every part; pass --deterministic instead",
+    ),
 }
 
 TRAIN_TOML = {

@@ -60,7 +60,8 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
                 continue
             flag, kind = "--" + f.name.replace("_", "-"), str(f.type).replace(" | None", "")
             default = f" (default: {f.default})" if f.default is not None else ""
-            kw: dict[str, Any] = {"default": None, "help": docs.get(f.name, "") + default}
+            about_key = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+            kw: dict[str, Any] = {"default": None, "help": about_key + default}
             if kind == "bool":
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
             else:

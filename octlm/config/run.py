@@ -25,6 +25,10 @@ from octlm.config.rules import (
 DTYPES = ("fp32", "bf16", "fp16")
 DEVICE_PATTERN = r"auto|(cpu|cuda|mps)(:\d+)?"  # what octlm.device.resolve_device takes
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0
+DETERMINISM_PARTS = ("algorithms", "attention", "inductor")
+"""What --deterministic turns on, each of which --deterministic-parts may pick alone
+(`octlm.trainer.state.configure_determinism` says what each does)."""
+PARTS_FIX = "use a comma-separated list of algorithms, attention, inductor"
 REDUCTIONS = ("tree", "collective")
 REDUCTION_DEFAULT = "tree"
 """`reduction` of a new run that leaves it unset (run folders written before it existed ran
@@ -92,7 +96,15 @@ class HardwareSettings:
     memory for about one more forward per step, the same bits (a setting, so a resume may
     turn it on or off)."""
     deterministic: bool = trajectory(False)
-    """torch.use_deterministic_algorithms(True) plus the CUDA settings it needs."""
+    """All three parts of determinism (algorithms, attention, inductor: see
+    deterministic_parts), without which two straight CUDA runs part within a few steps. Costly
+    on a GPU; deterministic_parts picks some."""
+    deterministic_parts: str | None = new_trajectory(None)
+    """Some parts of --deterministic, comma-separated: algorithms (torch's deterministic
+    kernels everywhere, with the cuBLAS workspace and cuDNN settings they need), attention (on
+    CUDA, SDPA only through a backend whose backward is deterministic: the math one, unless
+    algorithms makes flash's own backward deterministic), inductor (--compile's kernels chosen
+    without timing them on the device). Without it, --deterministic is all three; not both."""
     parallel: str = trajectory("ddp")
     """With several processes (torchrun): ddp (replicated) or fsdp (FSDP2, sharded)."""
     reduction: str | None = trajectory(None)
@@ -114,6 +126,7 @@ class HardwareSettings:
             f"dtype {checks.shown(self.dtype)} is unknown",
             f"use one of {DTYPES}",
         )
+        check_determinism(self)
         require(
             self.parallel in ("ddp", "fsdp"),
             f"parallel {checks.shown(self.parallel)} is unknown",
@@ -129,6 +142,40 @@ class HardwareSettings:
             f"device {checks.shown(self.device)} is unknown",
             "use cpu, cuda, cuda:N, mps or auto",
         )
+
+    @property
+    def determinism_parts(self) -> tuple[str, ...]:
+        """The parts of determinism this run turns on, in `DETERMINISM_PARTS` order."""
+        if self.deterministic:
+            return DETERMINISM_PARTS
+        parts = self.deterministic_parts
+        return tuple(parts.split(",")) if parts else ()
+
+
+def check_determinism(hardware: HardwareSettings) -> None:
+    """`deterministic_parts` names known parts, some but not all, and not beside
+    `deterministic` (which is all of them); stored in `DETERMINISM_PARTS` order, each once (the
+    same run however it is spelt)."""
+    given = hardware.deterministic_parts
+    if given is None:
+        return
+    shown = f"deterministic_parts {checks.shown(given)}"
+    names = [p.strip() for p in given.split(",") if p.strip()]
+    unknown = [p for p in names if p not in DETERMINISM_PARTS]
+    require(bool(names), f"{shown} names no part", PARTS_FIX)
+    require(not unknown, f"{shown} names unknown part(s) {', '.join(unknown)}", PARTS_FIX)
+    require(
+        not hardware.deterministic,
+        f"deterministic=true is every part already; {shown} names some",
+        "pass either --deterministic (all parts) or --deterministic-parts, not both",
+    )
+    parts = [p for p in DETERMINISM_PARTS if p in names]
+    require(
+        len(parts) < len(DETERMINISM_PARTS),
+        f"{shown} names every part",
+        "pass --deterministic instead (the same run, and the fingerprint old runs have)",
+    )
+    object.__setattr__(hardware, "deterministic_parts", ",".join(parts))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -138,6 +138,7 @@ KEY_ORDER = (
     "memory_snapshot",
     "log_to",
     "reduction",
+    "deterministic_parts",
 )
 if set(KEY_ORDER) != set(SECTION_OF) or len(KEY_ORDER) != len(SECTION_OF):
     raise TypeError(f"KEY_ORDER and the sections differ: {set(KEY_ORDER) ^ set(SECTION_OF)}")

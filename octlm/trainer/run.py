@@ -22,7 +22,7 @@ from octlm.config.train import TrainConfig
 from octlm.data.mixture import MixtureSampler
 from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
-from octlm.device import build_changes, build_info, check_device_dtype, keep_freed_host_memory
+from octlm.device import build_info, build_notes, check_device_dtype, keep_freed_host_memory
 from octlm.errors import ResumeError
 from octlm.evaluate.loss import EvalResult, ValidationSet, combine, validate
 from octlm.evaluate.tasks import Task, read_tasks
@@ -270,7 +270,7 @@ def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
     check_device_dtype(device, cfg.hardware.dtype)
     if device.type == "cpu":
         keep_freed_host_memory()
-    configure_determinism(cfg.hardware.deterministic, device)
+    configure_determinism(cfg.hardware.determinism_parts, device)
     data_dir, dataset, tokenizer = open_data(cfg)
     init = plan_init(cfg, tokenizer, resumed, model_flag)  # the source, unless resuming
     model_config, model = _build_model(cfg, tokenizer, init)
@@ -364,14 +364,7 @@ def check_resumable(run: Run, state: ckpt.RunState) -> list[str]:
         raise ResumeError(
             f"the checkpoint in {run.out} has another {kind} fingerprint{detail}", fix
         )
-    changes = build_changes(state["build"], build_info(run.device))
-    if changes:
-        diff = "; ".join(changes)
-        notes.append(
-            f"resuming on a different build ({diff}): bitwise equality with an uninterrupted run "
-            "is no longer promised"
-        )
-    return notes
+    return notes + build_notes(state["build"], build_info(run.device))
 
 
 def resume(run: Run) -> tuple[Path, list[str]] | None:

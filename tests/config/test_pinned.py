@@ -104,10 +104,11 @@ SHIPPED_TREE = {
 }
 """The same configs as new runs take them today: `reduction = "tree"` in the fingerprint."""
 DEFAULT_DICT_SHA256 = "7728d64b2fef103a6c57794fa2790ae75321d908c7e6c7bec76a929c46ce7ea2"
-"""sha256 of `json.dumps(TrainConfig().to_dict())` before `reduction` was appended: its values
+"""sha256 of `json.dumps(TrainConfig().to_dict())` before `reduction` and `deterministic_parts`
+were appended: its values
 and its key order, the bytes a checkpoint's metadata and a log header hold (JSON objects keep
 their insertion order)."""
-DEFAULT_DICT_NOW_SHA256 = "f7374c00d10e2824e7569f9b5f2e8986b82e417123e5e286d023d2d642eec8f4"
+DEFAULT_DICT_NOW_SHA256 = "eba80ad737e83f918292260142dc756951778806a887f577f945ea4e148b5ad0"
 
 
 def test_every_shipped_config_is_pinned() -> None:
@@ -144,7 +145,8 @@ def test_the_flat_config_keeps_its_bytes() -> None:
     flat = TrainConfig().to_dict()
     raw = json.dumps(flat).encode()
     assert hashlib.sha256(raw).hexdigest() == DEFAULT_DICT_NOW_SHA256
-    assert list(flat)[-1] == "reduction" and flat.pop("reduction") is None
+    assert list(flat)[-2:] == ["reduction", "deterministic_parts"]
+    assert flat.pop("deterministic_parts") is None and flat.pop("reduction") is None
     assert hashlib.sha256(json.dumps(flat).encode()).hexdigest() == DEFAULT_DICT_SHA256
 
 

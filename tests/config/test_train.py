@@ -307,8 +307,9 @@ OLD_FINGERPRINTS = {
 
 def test_new_keys_leave_the_fingerprints_of_older_runs_as_they_were() -> None:
     # Those runs had fused = false (the default then); a resume settles an unset `fused` to
-    # the checkpoint's value (resume.settled_defaults) before the fingerprint is taken.
-    old = {"fused": False}
+    # the checkpoint's value (resume.settled_defaults) before the fingerprint is taken; so is
+    # an unset `reduction` (they ran the collective sums).
+    old = {"fused": False, "reduction": "collective"}
     assert TrainConfig(model="tiny", context=64, **old).fingerprint_for(1) == OLD_FINGERPRINTS[1]
     assert TrainConfig(**old).fingerprint_for(2) == OLD_FINGERPRINTS[2]
     explicit = {"schedule": "cosine", "decay_shape": "linear", "n_layers": None}

@@ -168,6 +168,7 @@ def short_text(tmp_path_factory) -> Path:
         pytest.param(("--accum", "4"), id="accum4"),
         pytest.param(("--dropout", "0.1"), id="dropout"),
         pytest.param(("--grad-clip", "0"), id="no-clip"),
+        pytest.param(("--deterministic-parts", "algorithms,attention"), id="det-parts"),
     ],
 )
 def test_split_equals_straight_variants(tiny_dataset, reference, tmp_path, variant) -> None:
