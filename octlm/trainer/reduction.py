@@ -137,10 +137,11 @@ class TreeReducer:
         """This rank's chunk of the micro-batch's block sum: the W ranks' gradients cut in W
         chunks, chunk c sent to rank c and folded there in rank (leaf) order."""
         world = self.info.world
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        chunk = -(-flat.numel() // world)
-        send = torch.zeros(chunk * world, dtype=flat.dtype, device=flat.device)
-        send[: flat.numel()] = flat
+        numel = sum(g.numel() for g in grads)
+        chunk = -(-numel // world)
+        pad = grads[0].new_zeros(chunk * world - numel)  # one copy: the flat buffer is sent
+        send = torch.cat([*(g.reshape(-1) for g in grads), pad])
+        del grads[:]  # the micro-batch's own gradients are in `send` now
         received = torch.empty_like(send)
         dist.all_to_all_single(received, send)
         return fold(list(received.view(world, chunk)), _add)
