@@ -8,6 +8,12 @@ as the launcher gives), and takes the median step time of each run (the first st
 warms up, left out). Printed: every round, the median paired ratio tree / collective per
 wrapper, the bytes each rank sends per step, and the partial sums the fold holds at
 accumulation 1, 4 and 16 (`--memory-only` prints just those).
+
+    .venv/bin/python -m bench.reduction --layouts 1x8,2x4,4x2,8x1 [--parallel fsdp]
+
+instead trains `tiny` (dropout 0.1, 6 steps) as each processes x accumulation layout of one
+global batch and prints each run's weights hash and whether every logged loss and gradient
+norm equals the first layout's (more processes than the test suite starts).
 """
 
 from __future__ import annotations
@@ -71,6 +77,32 @@ def peak_partial_sums(accum: int) -> int:
     return peak
 
 
+def layout_run(args: argparse.Namespace, layout: str) -> tuple[str, list]:
+    """(weights hash, [(step, loss, grad_norm)]) of `tiny` trained as `layout` ("PxA")."""
+    procs, accum = layout.split("x")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "octlm", "train", "--model", "tiny", "--nproc", procs]
+        cmd += ["--accum", accum, "--steps", "6", "--warmup", "2", "--dropout", "0.1"]
+        cmd += ["--context", "32", "--micro-batch", "2", "--val-every", "3", "--dtype", "fp32"]
+        cmd += ["--ckpt-every", "0", "--no-progress", "--out", str(out)]
+        cmd += ["--parallel", args.parallel] + (["--data", args.data] if args.data else [])
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        records = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    steps = [(r["step"], r["loss"], r["grad_norm"]) for r in records if r["type"] == "step"]
+    end = next(r for r in records if r["type"] == "end")
+    return end["weights_sha256"], steps
+
+
+def compare_layouts(args: argparse.Namespace) -> None:
+    first = None
+    for layout in args.layouts.split(","):
+        digest, steps = layout_run(args, layout)
+        first = first or (digest, steps)
+        same = "identical" if (digest, steps) == first else "DIFFERENT"
+        print(f"{layout}: weights {digest[:16]}, losses and norms {same} to the first")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -81,11 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--data", default=None, help="a prepared dataset (default: the embedded)")
     ap.add_argument("--memory-only", action="store_true")
+    ap.add_argument("--layouts", default=None, help="PxA,... : compare layouts' bits instead")
+    ap.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"])
     return ap
 
 
 def main() -> None:
     args = build_parser().parse_args()
+    if args.layouts:
+        compare_layouts(args)
+        return
     for accum in (1, 4, 16):
         print(f"accumulation {accum}: at most {peak_partial_sums(accum)} partial sums held")
     if args.memory_only:
