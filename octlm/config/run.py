@@ -108,10 +108,11 @@ class HardwareSettings:
     parallel: str = trajectory("ddp")
     """With several processes (torchrun): ddp (replicated) or fsdp (FSDP2, sharded)."""
     reduction: str | None = trajectory(None)
-    """How a step's micro-batch gradients and losses are summed: tree (a fixed tree over the
-    step's micro-batches: the same bits on any process count that divides them) or collective
-    (autograd accumulation and DDP's/FSDP2's own sums: bits follow the process count). Unset:
-    tree for a new run, the checkpoint's own for a resume (collective before tree existed)."""
+    """How a step's micro-batch gradients and losses are summed: tree (one fixed tree over the
+    step's micro-batches: the same bits on 1, 2, 4, ... processes, any power of 2 dividing
+    them, or one per micro-batch) or collective (autograd accumulation and DDP's/FSDP2's own
+    sums: bits follow the process count). Unset: tree for a new run, the checkpoint's own for a
+    resume (collective before tree existed)."""
     dist_timeout: float = setting(1800.0, checks.Number(0, MAX_DIST_TIMEOUT_S, lo_open=True))
     """With several processes: seconds a collective waits for a peer before the run ends with
     an error naming the rank and step (a dead, stopped or hung process); torch's default. Must
