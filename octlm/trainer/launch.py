@@ -170,12 +170,17 @@ def _run_agent(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from octlm.trainer.forkstart import run_forked, start_method
+
     # The agent's per-failure log lines and "closing signal" notes repeat what the workers or
     # this launcher say in one line; its restart notices (another logger) stay.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-    args = parse_args([*spec.torchrun_args(), "-m", "octlm", *worker_argv(argv)])
+    method = start_method()  # a bad OCTLM_WORKER_START is its own line, not a failed launch
     try:
-        run(args)
+        if method == "forkserver":
+            run_forked(spec.torchrun_args(), worker_argv(argv))
+        else:
+            run(parse_args([*spec.torchrun_args(), "-m", "octlm", *worker_argv(argv)]))
     except ChildFailedError as exc:
         return failure_exit_code(exc, spec)
     except SignalException as exc:  # the workers were passed the signal and have stopped
@@ -262,6 +267,13 @@ def exit_without_finalising(code: int) -> None:
     then frees: once on the CI machine a 2-process FSDP run aborted there ("terminate called
     without an active exception") after printing "done", and the agent reported the run as
     killed (44 reruns here did not; pytorch/pytorch#179291 describes the same crash)."""
+    run_exit_steps()
+    os._exit(code)
+
+
+def run_exit_steps() -> None:
+    """What a normal exit does before the interpreter's finalisation: join the other Python
+    threads (not daemons), run the exit handlers, flush the standard streams."""
     import atexit
     import threading
 
@@ -271,4 +283,3 @@ def exit_without_finalising(code: int) -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
