@@ -16,6 +16,9 @@ the same command again as N worker processes per node under torch's elastic agen
   With `--requeue-exit-code C`, a run stopped that way by SIGTERM or SIGUSR1 exits C, for a
   scheduler to requeue it (scripts/slurm/train.sbatch). Workers under this launcher exit 0
   when stopped (`LAUNCHED_ENV`): a non-zero worker would make the agent restart the group.
+- Workers are forked from a forkserver that has imported torch and octlm once
+  (octlm/trainer/forkstart.py); OCTLM_WORKER_START=exec starts each as a fresh
+  `python -u -m octlm`, as torchrun does. Same bits either way (tests/e2e/test_distributed.py).
 - A worker's own error is its one line; a worker killed by a signal, or a failed rendezvous,
   gets one line here. Never the agent's traceback.
 """
@@ -152,6 +155,9 @@ def restart_resumes() -> bool:
 
 def launch(spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | None) -> int:
     """Run `octlm ARGV` as the workers of `spec` and wait; the exit code for the command."""
+    from octlm.trainer.forkstart import start_method
+
+    method = start_method()  # a bad OCTLM_WORKER_START: its one line, before anything is set
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does, without its banner
     # The agent's shared TCPStore keeps a failed group's keys: a restarted worker can read its
     # dead peer's address and hang or fail connecting (pytorch/pytorch#135712, measured here
@@ -160,22 +166,31 @@ def launch(spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | No
     os.environ[LAUNCHED_ENV] = "1"
     with tempfile.TemporaryDirectory(prefix="octlm-launch-") as notes:
         os.environ[NOTES_ENV] = notes
-        return _run_agent(spec, argv, out, requeue_exit_code, Path(notes))
+        return _run_agent(spec, argv, out, requeue_exit_code, Path(notes), method)
 
 
 def _run_agent(
-    spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | None, notes: Path
+    spec: Launch,
+    argv: list[str],
+    out: Path,
+    requeue_exit_code: int | None,
+    notes: Path,
+    method: str,
 ) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from octlm.trainer.forkstart import run_forked
+
     # The agent's per-failure log lines and "closing signal" notes repeat what the workers or
     # this launcher say in one line; its restart notices (another logger) stay.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-    args = parse_args([*spec.torchrun_args(), "-m", "octlm", *worker_argv(argv)])
     try:
-        run(args)
+        if method == "forkserver":
+            run_forked(spec.torchrun_args(), worker_argv(argv))
+        else:
+            run(parse_args([*spec.torchrun_args(), "-m", "octlm", *worker_argv(argv)]))
     except ChildFailedError as exc:
         return failure_exit_code(exc, spec)
     except SignalException as exc:  # the workers were passed the signal and have stopped
@@ -262,6 +277,13 @@ def exit_without_finalising(code: int) -> None:
     then frees: once on the CI machine a 2-process FSDP run aborted there ("terminate called
     without an active exception") after printing "done", and the agent reported the run as
     killed (44 reruns here did not; pytorch/pytorch#179291 describes the same crash)."""
+    run_exit_steps()
+    os._exit(code)
+
+
+def run_exit_steps() -> None:
+    """What a normal exit does before the interpreter's finalisation: join the other Python
+    threads (not daemons), run the exit handlers, flush the standard streams."""
     import atexit
     import threading
 
@@ -271,4 +293,3 @@ def exit_without_finalising(code: int) -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)

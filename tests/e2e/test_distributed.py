@@ -57,6 +57,24 @@ def test_ddp_split_equals_straight(tiny_dataset, ddp, tmp_path) -> None:
     assert steps_of(out) == steps_of(ddp)
 
 
+def test_forked_workers_end_on_the_bits_of_fresh_ones(tiny_dataset, ddp, tmp_path, monkeypatch):
+    """`ddp`'s workers were forked from the launcher's forkserver (octlm/trainer/forkstart.py);
+    the same command with OCTLM_WORKER_START=exec starts each as a fresh `python -u -m octlm`:
+    the same weights, step records and log header (its time aside), the same last line."""
+    out = tmp_path / "exec"
+    monkeypatch.setenv("OCTLM_WORKER_START", "exec")
+    proc = octlm(*args(tiny_dataset, out, "--accum", "1", "--nproc", "2"))
+    assert end_hash(out) == end_hash(ddp)
+    assert steps_of(out) == steps_of(ddp)
+    headers = [json.loads((run / "log.jsonl").read_text().splitlines()[0]) for run in (out, ddp)]
+    for header, run in zip(headers, (out, ddp), strict=True):
+        del header["time"]
+        assert header["argv"][0].endswith("octlm/__main__.py")
+        assert json.dumps(header).count(str(run)) == 2  # --out in argv and in the config
+    assert json.dumps(headers[0]).replace(str(out), str(ddp)) == json.dumps(headers[1])
+    assert f"\ndone: {STEPS} steps, weights_sha256 {end_hash(ddp)}\n" in proc.stderr
+
+
 def test_ddp_two_ranks_match_one_process_with_accumulation(single, ddp) -> None:
     assert max_weight_diff(single, ddp) == 0.0
     assert end_hash(single) == end_hash(ddp)

@@ -66,16 +66,28 @@ def two_nodes(outs: tuple[Path, Path], data: Path, *extra: str) -> list[tuple[in
 
 
 def workers_of(launcher: int) -> list[int]:
-    """The worker processes the elastic agent in `launcher` started (its direct children)."""
-    kids = []
+    """The worker processes the elastic agent in `launcher` runs: its descendants that lead a
+    session of their own. torchrun starts each worker in a new session as its child; forked
+    workers (octlm/trainer/forkstart.py) are the children of the launcher's forkserver and
+    start a session too."""
+    procs: dict[int, tuple[int, int]] = {}  # pid: (parent, session)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            procs[int(stat.parent.name)] = (int(fields[1]), int(fields[3]))
+        except (OSError, ValueError, IndexError):
             continue
-        if int(fields[1]) == launcher:
-            kids.append(int(stat.parent.name))
-    return sorted(kids)
+
+    def under_launcher(pid: int) -> bool:
+        while pid in procs and pid != launcher:
+            pid = procs[pid][0]
+        return pid == launcher
+
+    return sorted(
+        pid
+        for pid, (parent, session) in procs.items()
+        if session == pid and pid != launcher and under_launcher(parent)
+    )
 
 
 def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:

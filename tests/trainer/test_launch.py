@@ -16,6 +16,7 @@ import pytest
 from octlm.cli.main import main
 from octlm.errors import OctlmError
 from octlm.trainer.distributed import DistInfo, peer_failure
+from octlm.trainer.forkstart import PRELOAD, START_ENV, start_method
 from octlm.trainer.guards import REPEAT_WINDOW, StopFlag
 from octlm.trainer.launch import (
     AGENT_SIGNALS,
@@ -197,3 +198,24 @@ def test_a_signalled_launcher_waits_for_the_stop_record_another_node_writes(tmp_
     (tmp_path / "log.jsonl").write_text(json.dumps(head) + "\n" + json.dumps(person) + "\n")
     assert stopped_code(tmp_path, 3, wait_s=30.0) is None
     assert time.monotonic() - t0 < 5
+
+
+def test_a_bad_worker_start_is_one_line(monkeypatch) -> None:
+    monkeypatch.setenv(START_ENV, "spawn")
+    with pytest.raises(OctlmError, match="OCTLM_WORKER_START='spawn' is not a way"):
+        start_method()
+    monkeypatch.setenv(START_ENV, "exec")
+    assert start_method() == "exec"
+
+
+@pytest.mark.slow
+def test_the_forkserver_preload_starts_no_thread_and_no_device() -> None:
+    # Forking copies one thread: the forkserver's imports (in the launcher's environment, where
+    # `launch` set OMP_NUM_THREADS=1) must leave it the only one, and CUDA uninitialised.
+    code = "import os, sys\nfor m in sys.argv[1:]: __import__(m)\nimport torch\n"
+    code += "print(len(os.listdir('/proc/self/task')), torch.cuda.is_initialized())"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *PRELOAD], env=env, capture_output=True, text=True
+    )
+    assert proc.stdout.split() == ["1", "False"], proc.stderr
