@@ -111,11 +111,13 @@ class TreeReducer:
     def __init__(self, params: Sequence[nn.Parameter], info: DistInfo, fsdp: bool) -> None:
         self.params, self.info, self.fsdp = list(params), info, fsdp
         self.stack: FoldStack = FoldStack(_add_lists)
+        self.pending: tuple[dist.Work, torch.Tensor] | None = None
+        """The last micro-batch's exchange, still in flight (DDP layout)."""
         self.peak_depth = 0
         """The most partial sums held at once during the last step."""
 
     def start(self) -> None:
-        self.stack, self.peak_depth = FoldStack(_add_lists), 0
+        self.stack, self.peak_depth, self.pending = FoldStack(_add_lists), 0, None
 
     def _take_grads(self) -> Grads:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
@@ -128,14 +130,15 @@ class TreeReducer:
         """Take the gradient the last backward left (FSDP2: already folded across ranks)."""
         grads = self._take_grads()
         if self.info.enabled and not self.fsdp:
-            self.stack.push([self._exchange(grads)])
+            self._settle()  # the previous micro-batch's exchange, overlapped with this one
+            self.pending = self._exchange(grads)
         else:  # one process, or FSDP2's sharded gradients (DTensors: kept to be put back)
             self.stack.push(grads)
         self.peak_depth = max(self.peak_depth, self.stack.depth)
 
-    def _exchange(self, grads: Grads) -> torch.Tensor:
-        """This rank's chunk of the micro-batch's block sum: the W ranks' gradients cut in W
-        chunks, chunk c sent to rank c and folded there in rank (leaf) order."""
+    def _exchange(self, grads: Grads) -> tuple[dist.Work, torch.Tensor]:
+        """Start sending the W ranks' gradients cut in W chunks, chunk c to rank c (bytes
+        only); `_settle` folds what arrived."""
         world = self.info.world
         numel = sum(g.numel() for g in grads)
         chunk = -(-numel // world)
@@ -143,12 +146,25 @@ class TreeReducer:
         send = torch.cat([*(g.reshape(-1) for g in grads), pad])
         del grads[:]  # the micro-batch's own gradients are in `send` now
         received = torch.empty_like(send)
-        dist.all_to_all_single(received, send)
-        return fold(list(received.view(world, chunk)), _add)
+        work = dist.all_to_all_single(received, send, async_op=True)
+        assert work is not None
+        return work, received
+
+    def _settle(self) -> None:
+        """Fold the pending exchange's pieces, leaves m*W .. m*W + W-1 of micro-batch m, in
+        rank (leaf) order, and push this rank's chunk of their sum on the stack. Micro-batches
+        settle in their order, so the stack sees the same sequence as without the overlap."""
+        if self.pending is None:
+            return
+        work, received = self.pending
+        work.wait()
+        self.pending = None
+        self.stack.push([fold(list(received.view(self.info.world, -1)), _add)])
 
     @torch.no_grad()
     def finish(self) -> None:
         """Put the step's folded gradient in every parameter's `.grad`."""
+        self._settle()
         folded = self.stack.result()
         if not (self.info.enabled and not self.fsdp):
             for p, g in zip(self.params, folded, strict=True):
