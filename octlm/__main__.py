@@ -4,7 +4,7 @@ import os
 import sys
 
 from octlm.cli.main import main
-from octlm.trainer.launch import exit_without_finalising
+from octlm.trainer.worker_exit import exit_without_finalising
 
 code = main()
 if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker: see the function

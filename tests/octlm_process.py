@@ -169,7 +169,7 @@ def _child(args: list[str], env: dict[str, str], cwd: str, stdin: str, out: str,
     except BaseException:  # what the interpreter prints for an uncaught exception
         traceback.print_exc()
         code = 1
-    from octlm.trainer.launch import exit_without_finalising
+    from octlm.trainer.worker_exit import exit_without_finalising
 
     exit_without_finalising(code)  # what a normal exit does, bar the finalisation
 

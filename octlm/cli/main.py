@@ -95,7 +95,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         requeue_exit_code=args.requeue_exit_code,
     )
     if spec.needed and not launched_by_torchrun():
-        return launch(spec, sys.argv[1:], Path(cfg.run.out), args.requeue_exit_code)
+        return launch(spec, sys.argv[1:], Path(cfg.run.out), args.requeue_exit_code, main)
     if restart_resumes():  # the elastic agent restarted the group after a failure
         cfg = cfg.replace(resume=True)
     # A --model flag must have the shape the run starts from: checked in the run, against the

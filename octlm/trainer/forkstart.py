@@ -31,6 +31,7 @@ import signal
 import sys
 import traceback
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from octlm.errors import OctlmError
@@ -61,9 +62,11 @@ def start_method() -> str:
     return "exec" if _forked else method
 
 
-def run_forked(torchrun_args: list[str], argv: list[str]) -> None:
+def run_forked(torchrun_args: list[str], argv: list[str], entry: Callable[[], Any]) -> None:
     """What `torch.distributed.run.run` does with `torchrun_args`, with the workers forked
-    from the forkserver and running `worker(*argv)`; raises as it does."""
+    from the forkserver and running `worker(entry, *argv)`; raises as it does. `entry` is the
+    CLI's `main`, handed down by the CLI (the trainer does not import the floor above it); it
+    reaches the worker pickled by name."""
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
@@ -79,16 +82,16 @@ def run_forked(torchrun_args: list[str], argv: list[str]) -> None:
     if args.master_port is None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
-    elastic_launch(config=config, entrypoint=worker)(*argv)
+    elastic_launch(config=config, entrypoint=worker)(entry, *argv)
 
 
-def worker(*argv: str) -> None:
+def worker(entry: Callable[[], Any], *argv: str) -> None:
     """A worker, in the forked child of the forkserver: `python -u -m octlm ARGV` as torchrun
     starts it, once the agent's wrapper has set this worker's variables (RANK, LOCAL_RANK,
     WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_RESTART_COUNT...) over the forkserver's environment,
     which is the launcher's. A failure exits with its code at once, as octlm/__main__.py
     does; success returns, for the agent's wrapper to hand the agent its return value."""
-    from octlm.trainer.launch import exit_without_finalising, run_exit_steps
+    from octlm.trainer.worker_exit import exit_without_finalising, run_exit_steps
 
     faulthandler.disable()  # the agent's wrapper turned it on; a `-m octlm` worker has it off
     # torchrun starts each worker in a session of its own: a terminal's Ctrl-C then reaches
@@ -96,7 +99,7 @@ def worker(*argv: str) -> None:
     os.setsid()
     unbuffered_streams()
     sys.argv = [main_path(), *argv]
-    code = run_main()
+    code = run_main(entry)
     if code != 0:
         exit_without_finalising(code)
     run_exit_steps()
@@ -111,11 +114,9 @@ def _no_wait(self: Any, timeout: float | None = None) -> bool:
     return True
 
 
-def run_main() -> int:
+def run_main(main: Callable[[], Any]) -> int:
     """octlm's CLI on `sys.argv`, ending as the interpreter ends `-m octlm`: its exit code, an
     uncaught exception's traceback."""
-    from octlm.cli.main import main
-
     try:
         code = main()
     except SystemExit as exc:  # sys.exit(...) inside: its code, or its message and 1

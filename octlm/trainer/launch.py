@@ -32,8 +32,10 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from octlm.config import checks
 from octlm.errors import OctlmError
@@ -153,8 +155,15 @@ def restart_resumes() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
 
-def launch(spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | None) -> int:
-    """Run `octlm ARGV` as the workers of `spec` and wait; the exit code for the command."""
+def launch(
+    spec: Launch,
+    argv: list[str],
+    out: Path,
+    requeue_exit_code: int | None,
+    entry: Callable[[], Any],
+) -> int:
+    """Run `octlm ARGV` as the workers of `spec` and wait; the exit code for the command.
+    `entry`: the CLI's `main`, which a forked worker runs on ARGV."""
     from octlm.trainer.forkstart import start_method
 
     method = start_method()  # a bad OCTLM_WORKER_START: its one line, before anything is set
@@ -166,7 +175,7 @@ def launch(spec: Launch, argv: list[str], out: Path, requeue_exit_code: int | No
     os.environ[LAUNCHED_ENV] = "1"
     with tempfile.TemporaryDirectory(prefix="octlm-launch-") as notes:
         os.environ[NOTES_ENV] = notes
-        return _run_agent(spec, argv, out, requeue_exit_code, Path(notes), method)
+        return _run_agent(spec, argv, out, requeue_exit_code, Path(notes), (method, entry))
 
 
 def _run_agent(
@@ -175,7 +184,7 @@ def _run_agent(
     out: Path,
     requeue_exit_code: int | None,
     notes: Path,
-    method: str,
+    start: tuple[str, Callable[[], Any]],
 ) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -187,8 +196,8 @@ def _run_agent(
     # this launcher say in one line; its restart notices (another logger) stay.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
-        if method == "forkserver":
-            run_forked(spec.torchrun_args(), worker_argv(argv))
+        if start[0] == "forkserver":
+            run_forked(spec.torchrun_args(), worker_argv(argv), start[1])
         else:
             run(parse_args([*spec.torchrun_args(), "-m", "octlm", *worker_argv(argv)]))
     except ChildFailedError as exc:
@@ -266,30 +275,3 @@ def _last_record(out: Path) -> dict:
 
     records = read_log(out) if (out / LOG_NAME).is_file() else []
     return records[-1] if records else {}
-
-
-def exit_without_finalising(code: int) -> None:
-    """End this process as a normal exit would, minus the interpreter's finalisation: the other
-    Python threads are joined, the exit handlers run, the streams are flushed.
-
-    A torchrun worker ends this way (octlm/__main__.py). Its process group is already destroyed
-    and its files written, but gloo's C++ threads can still hold objects that the finalisation
-    then frees: once on the CI machine a 2-process FSDP run aborted there ("terminate called
-    without an active exception") after printing "done", and the agent reported the run as
-    killed (44 reruns here did not; pytorch/pytorch#179291 describes the same crash)."""
-    run_exit_steps()
-    os._exit(code)
-
-
-def run_exit_steps() -> None:
-    """What a normal exit does before the interpreter's finalisation: join the other Python
-    threads (not daemons), run the exit handlers, flush the standard streams."""
-    import atexit
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
