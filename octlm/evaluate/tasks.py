@@ -28,15 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from octlm.config.checks import Int, is_int, shown
 from octlm.config.run import TASKS_FIX, task_spec, task_specs
 from octlm.errors import OctlmError
+from octlm.evaluate.likelihood import encode_pair, logliks
 from octlm.tokenizer.core import Tokenizer
 
-BATCH = 16
 SHOWN_PATH = 200
 """An error line shows at most this much of a path (a spec may be thousands of characters)."""
 SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "tasks"
@@ -268,43 +267,6 @@ def read_tasks(specs: str, label: str = "--tasks") -> list[Task]:
             "rename one (the name is the file's stem)",
         )
     return tasks
-
-
-def encode_pair(tok: Tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """lm-eval's split: trailing spaces of the context go to the continuation; the continuation's
-    tokens follow the context's in the encoding of both together; BOS first when there is one."""
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-    start = [] if tok.bos_id is None else [tok.bos_id]
-    whole = start + tok.encode(context + continuation, add_special_tokens=False)
-    head = start + tok.encode(context, add_special_tokens=False)
-    return head, whole[len(head) :]
-
-
-@torch.no_grad()
-def logliks(
-    model: nn.Module, pairs: list[tuple[list[int], list[int]]], context: int, device: torch.device
-) -> list[float]:
-    """Sum of log-probabilities of each continuation after its context (cut from the left so
-    that context + continuation - 1 tokens fit `context` positions), in batches of BATCH."""
-    out: list[float] = []
-    for i in range(0, len(pairs), BATCH):
-        rows = []
-        for head, tail in pairs[i : i + BATCH]:
-            ids = (head + tail)[-(context + 1) :]
-            # A continuation longer than the context itself is scored on its last tokens.
-            rows.append((ids, min(len(tail), len(ids) - 1)))
-        width = max(len(ids) - 1 for ids, _ in rows)
-        x = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (ids, _) in enumerate(rows):
-            x[r, : len(ids) - 1] = torch.tensor(ids[:-1])
-        logp = F.log_softmax(model(x.to(device)).float(), dim=-1).cpu()
-        for r, (ids, n) in enumerate(rows):
-            targets = torch.tensor(ids[-n:])
-            positions = torch.arange(len(ids) - 1 - n, len(ids) - 1)
-            out.append(float(logp[r, positions, targets].sum()))
-    return out
 
 
 def score_task(

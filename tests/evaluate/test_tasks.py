@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from octlm.errors import OctlmError
-from octlm.evaluate.tasks import Question, Task, encode_pair, read_task, read_tasks, score_task
+from octlm.evaluate.likelihood import encode_pair
+from octlm.evaluate.tasks import Question, Task, read_task, read_tasks, score_task
 from octlm.model.gpt import GPT
 from tests.unit_model import unit_config
 

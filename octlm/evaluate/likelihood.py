@@ -1,0 +1,73 @@
+"""How a model scores a continuation after a context, as lm-evaluation-harness does: the split
+of the text into context and continuation tokens, and one batched forward that gives each
+continuation's summed log-probability, its token count and whether greedy decoding would have
+written it (every token the argmax)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octlm.tokenizer.core import Tokenizer
+
+BATCH = 16
+
+
+@dataclass(frozen=True)
+class Continuation:
+    loglik: float
+    """Sum of the continuation tokens' log-probabilities (natural log)."""
+    tokens: int
+    """How many tokens were scored (the continuation's, or its last ones that fit)."""
+    greedy: bool
+    """Every scored token is the model's argmax at its position."""
+
+
+def encode_pair(tok: Tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's split: trailing spaces of the context go to the continuation; the continuation's
+    tokens follow the context's in the encoding of both together; BOS first when there is one."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    start = [] if tok.bos_id is None else [tok.bos_id]
+    whole = start + tok.encode(context + continuation, add_special_tokens=False)
+    head = start + tok.encode(context, add_special_tokens=False)
+    return head, whole[len(head) :]
+
+
+@torch.no_grad()
+def continuations(
+    model: nn.Module, pairs: list[tuple[list[int], list[int]]], context: int, device: torch.device
+) -> list[Continuation]:
+    """Each continuation's numbers after its context (cut from the left so that context +
+    continuation - 1 tokens fit `context` positions), in batches of BATCH rows padded on the
+    right (a causal model's earlier positions never see the padding)."""
+    out: list[Continuation] = []
+    for i in range(0, len(pairs), BATCH):
+        rows = []
+        for head, tail in pairs[i : i + BATCH]:
+            ids = (head + tail)[-(context + 1) :]
+            # A continuation longer than the context itself is scored on its last tokens.
+            rows.append((ids, min(len(tail), len(ids) - 1)))
+        width = max(len(ids) - 1 for ids, _ in rows)
+        x = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, (ids, _) in enumerate(rows):
+            x[r, : len(ids) - 1] = torch.tensor(ids[:-1])
+        logp = F.log_softmax(model(x.to(device)).float(), dim=-1).cpu()
+        for r, (ids, n) in enumerate(rows):
+            targets = torch.tensor(ids[-n:])
+            positions = torch.arange(len(ids) - 1 - n, len(ids) - 1)
+            scored = logp[r, positions]
+            greedy = bool((scored.argmax(dim=-1) == targets).all())
+            out.append(Continuation(float(scored[torch.arange(n), targets].sum()), n, greedy))
+    return out
+
+
+def logliks(
+    model: nn.Module, pairs: list[tuple[list[int], list[int]]], context: int, device: torch.device
+) -> list[float]:
+    """Sum of log-probabilities of each continuation after its context (`continuations`)."""
+    return [c.loglik for c in continuations(model, pairs, context, device)]
