@@ -65,7 +65,8 @@ class TaskSource:
     where: tuple[str, ...]
     """(dataset, config, split) for "arrow"; (task, variant) otherwise."""
     format: str
-    """A `formats.ROW_FORMATS` name ("arrow", "requests" with lm items), or "bpb" / "rc"."""
+    """How a row becomes an item: a `formats.ROW_FORMATS` name (rows of "arrow"; "lm" for
+    "requests"), or "bpb" / "rc" for OLMo's requests verbatim."""
     shots: int = 0
     baseline: float = 0.0
 
