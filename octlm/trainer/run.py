@@ -25,7 +25,7 @@ from octlm.data.shards import ShardDataset
 from octlm.device import build_info, build_notes, check_device_dtype, keep_freed_host_memory
 from octlm.errors import ResumeError
 from octlm.evaluate.loss import EvalResult, ValidationSet, combine, validate
-from octlm.evaluate.tasks import Task, read_tasks
+from octlm.evaluate.tasks import AnyTask, read_tasks
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
 from octlm.runlog import git_commit
@@ -98,7 +98,7 @@ class Run:
     """Prompt/completion data: how its examples were packed at the run's context (the header)."""
     val_sources: dict[str, ValidationSet] = field(default_factory=dict)
     """A --data mixture's validation sets, per dataset (empty for one dataset)."""
-    tasks: list[Task] = field(default_factory=list)
+    tasks: list[AnyTask] = field(default_factory=list)
     """The --eval-tasks questions, scored at every validation."""
     start: Found | None = None
     """The checkpoint this run resumes from, found once by `build_run` (None for a new run);
