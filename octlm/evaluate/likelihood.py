@@ -44,7 +44,22 @@ def continuations(
 ) -> list[Continuation]:
     """Each continuation's numbers after its context (cut from the left so that context +
     continuation - 1 tokens fit `context` positions), in batches of BATCH rows padded on the
-    right (a causal model's earlier positions never see the padding)."""
+    right (a causal model's earlier positions never see the padding). The rows are batched
+    longest first, as lm-eval does, so a batch pads little; the order depends on the pairs
+    alone, so the same pairs give the same numbers."""
+    if not pairs:
+        return []
+    order = sorted(range(len(pairs)), key=lambda i: (-len(pairs[i][0]) - len(pairs[i][1]), i))
+    found = _batched(model, [pairs[i] for i in order], context, device)
+    out: list[Continuation] = [found[0]] * len(pairs)
+    for at, i in enumerate(order):
+        out[i] = found[at]
+    return out
+
+
+def _batched(
+    model: nn.Module, pairs: list[tuple[list[int], list[int]]], context: int, device: torch.device
+) -> list[Continuation]:
     out: list[Continuation] = []
     for i in range(0, len(pairs), BATCH):
         rows = []
