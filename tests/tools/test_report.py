@@ -22,7 +22,7 @@ from octlm.config.train import TrainConfig
 from octlm.runlog import RunLog
 from octlm.tools.report import report as page
 from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets
-from octlm.tools.report.runs import load_run, load_runs
+from octlm.tools.report.runs import chance_of, load_run, load_runs
 from octlm.trainer.schedule import learning_rate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -339,3 +339,44 @@ def test_the_header_packing_record_reaches_the_page(tmp_path: Path) -> None:
     run = write_run(tmp_path / "a", packing=packing)
     assert load_run(run)["packing"] == packing
     assert load_run(write_run(tmp_path / "b"))["packing"] is None
+
+
+def write_suite_run(folder: Path) -> Path:
+    """Three validations with --eval-tasks' fields (evaluate/tasks.py `task_fields`): suite `s`
+    (an accuracy task, a bpb task) at all three, suite `t` at the first two only, and a task
+    file `next_line` (acc/NAME, acc_norm/NAME) that is no suite."""
+    log = RunLog(folder)
+    log.open()
+    log.header({"config": {"steps": 6}, "tokens_per_step": 64})
+    accs = [(0.5, 1 / 3), (0.25, 0.0), (1.0, 1.0)]  # chance 1/4; acc 1 tells none
+    for k, (acc, centered) in enumerate(accs):
+        fields = {"acc/s/mc": acc, "centered/s/mc": centered, "bpb/s/mc": 2.0 + k}
+        fields |= {"bpb/s/gen": float("nan") if k == 1 else 4.0 - k}
+        fields |= {"centered/s": centered, "bpb/s": float("nan") if k == 1 else 4.0 - k}
+        if k < 2:
+            fields |= {"acc/t/yes": 0.5, "centered/t/yes": 0.0, "bpb/t/yes": 1.0 + k}
+            fields |= {"centered/t": 0.1 * k}
+        fields |= {"acc/next_line": 0.5, "acc_norm/next_line": 0.75}
+        log.write("val", step=2 * (k + 1), val_loss=5.0, **fields)
+    log.close()
+    return folder
+
+
+def test_standard_suites_are_collected_per_validation_and_at_the_latest(tmp_path: Path) -> None:
+    data = load_run(write_suite_run(tmp_path / "a"))
+    assert data["suite_centered"] == {"s": [1 / 3, 0.0, 1.0], "t": [0.0, 0.1, None]}
+    assert data["suite_bpb"] == {"s": [4.0, None, 2.0]}  # NaN: a gap; `t` logs no bpb/t
+    assert data["val_tasks"] == {"next_line": [0.75] * 3}  # the task file, as before
+    s, t = data["suites"]
+    assert (s["name"], s["step"], s["centered"], s["bpb"]) == ("s", 6, 1.0, 2.0)
+    assert s["tasks"] == [
+        {"task": "mc", "format": "accuracy", "acc": 1.0, "centered": 1.0, "chance": 0.25,
+         "bpb": 4.0},
+        {"task": "gen", "format": "bpb", "acc": None, "centered": None, "chance": None,
+         "bpb": 2.0},
+    ]  # fmt: skip
+    assert (t["name"], t["step"], t["centered"], t["bpb"]) == ("t", 4, 0.1, None)
+    assert [(r["task"], r["chance"], r["bpb"]) for r in t["tasks"]] == [("yes", 0.5, 2.0)]
+    assert chance_of(0.5, -0.3157894736842105) == 0.62 and chance_of(1.0, 1.0) is None
+    plain = load_run(write_run(tmp_path / "b"))  # no suite fields: nothing new on the page
+    assert plain["suites"] == [] and plain["suite_centered"] == plain["suite_bpb"] == {}

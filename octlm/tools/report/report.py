@@ -27,7 +27,7 @@ from octlm.tools.report.runs import is_merge, load_merge, load_runs
 
 # Inlined in this order, one <script> each: later files use the earlier ones' functions.
 PAGE_SUFFIXES = (".html", ".htm")
-SCRIPTS = ("schedule.js", "charts.js", "runs.js", "playground.js", "main.js")
+SCRIPTS = ("schedule.js", "charts.js", "runs.js", "suites.js", "playground.js", "main.js")
 _JSON_ESCAPES = {
     "<": "\\u003c",
     ">": "\\u003e",

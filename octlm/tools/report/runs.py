@@ -23,6 +23,8 @@ MERGE_RECORD = "merge.json"
 not imported from there, because that module loads torch and the report does not need it."""
 STEP_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s", "mfu")
 VAL_FIELDS = ("step", "val_loss", "val_ppl", "val_bpb")
+METRICS = ("acc", "centered", "bpb")
+"""A standard-suite task's val fields, `METRIC/SUITE/TASK` (evaluate/tasks.py `task_fields`)."""
 HEADER_FIELDS = (
     "config",
     "model_config",
@@ -72,6 +74,9 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     # Named series of the val records, aligned with its columns: a --data mixture's bits per
     # byte per dataset (val_bpb/NAME), and --eval-tasks' accuracy per task (acc_norm/NAME).
     val_sources, val_tasks = _named(vals, "val_bpb"), _named(vals, "acc_norm")
+    # --eval-tasks' standard suites: each suite's aggregate per val record (the charts), and
+    # its tasks' numbers at the latest validation that scored the suite (the table).
+    suite_names = _suite_names(vals)
     config = header.get("config") if isinstance(header.get("config"), dict) else {}
     folder = path.parent
     resolved = _resolved(config, header.get("model_config"))
@@ -88,6 +93,9 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "val": val,
         "val_sources": val_sources,
         "val_tasks": val_tasks,
+        "suite_centered": _suite_column(vals, "centered", suite_names),
+        "suite_bpb": _suite_column(vals, "bpb", suite_names),
+        "suites": [latest_suite(vals, n) for n in suite_names],
         "events": [_event(r) for r in by_type.get("event", [])],
         "end": (by_type.get("end") or [None])[-1],
         "samples": _samples(folder, by_type.get("sample", [])),
@@ -99,6 +107,86 @@ def _named(vals: list[dict[str, Any]], prefix: str) -> dict[str, list[float | in
     """{NAME: that field per val record} for every `PREFIX/NAME` field of the records."""
     names = sorted({k.split("/", 1)[1] for r in vals for k in r if k.startswith(prefix + "/")})
     return {n: [number(r.get(f"{prefix}/{n}")) for r in vals] for n in names}
+
+
+def _suite_names(vals: list[dict[str, Any]]) -> list[str]:
+    """The standard suites the records score, in log order: every suite task logs
+    `bpb/SUITE/TASK` (a task file logs `acc/NAME` and `acc_norm/NAME`, never `bpb/...`)."""
+    names: dict[str, None] = {}
+    for r in vals:
+        for k in r:
+            parts = k.split("/")
+            if parts[0] == "bpb" and len(parts) == 3:
+                names[parts[1]] = None
+    return list(names)
+
+
+def _suite_column(
+    vals: list[dict[str, Any]], key: str, suites: list[str]
+) -> dict[str, list[float | int | None]]:
+    """{SUITE: its aggregate `KEY/SUITE` per val record}, for the suites that log one."""
+    return {
+        s: [number(r.get(f"{key}/{s}")) for r in vals]
+        for s in suites
+        if any(f"{key}/{s}" in r for r in vals)
+    }
+
+
+def chance_of(acc: float | int | None, centered: float | int | None) -> float | None:
+    """The chance level CORE's centering used: centered = (acc - chance) / (1 - chance), so
+    chance = (acc - centered) / (1 - centered); none where centered is 1 (acc 1 tells nothing)."""
+    if acc is None or centered is None or abs(1 - centered) < 1e-12:
+        return None
+    return round((acc - centered) / (1 - centered), 12)
+
+
+def latest_suite(vals: list[dict[str, Any]], suite: str) -> dict[str, Any]:
+    """One suite at the latest val record that scored it: the aggregate and, per task in log
+    order, its format (accuracy where a centered accuracy is logged, else bits per byte), acc,
+    centered, bpb, and the chance the task's acc and centered imply (at the newest validation
+    where they tell it: acc 1 tells nothing)."""
+    record = next(r for r in reversed(vals) if any(_suite_of(k) == suite for k in r))
+    tasks = {k.split("/")[2]: None for k in record if _suite_of(k) == suite and k.count("/") == 2}
+    rows = []
+    for task in tasks:
+        acc, centered, bpb = (number(record.get(f"{k}/{suite}/{task}")) for k in METRICS)
+        accuracy = f"centered/{suite}/{task}" in record  # a NaN is still an accuracy task
+        rows.append(
+            {
+                "task": task,
+                "format": "accuracy" if accuracy else "bpb",
+                "acc": acc,
+                "centered": centered,
+                "chance": _chance(vals, suite, task),
+                "bpb": bpb,
+            }
+        )
+    return {
+        "name": suite,
+        "step": record.get("step"),
+        "centered": number(record.get(f"centered/{suite}")),
+        "bpb": number(record.get(f"bpb/{suite}")),
+        "tasks": rows,
+    }
+
+
+def _chance(vals: list[dict[str, Any]], suite: str, task: str) -> float | None:
+    for r in reversed(vals):
+        got = chance_of(
+            number(r.get(f"acc/{suite}/{task}")), number(r.get(f"centered/{suite}/{task}"))
+        )
+        if got is not None:
+            return got
+    return None
+
+
+def _suite_of(key: str) -> str | None:
+    """SUITE of a suite field (`METRIC/SUITE/TASK`, or the aggregate `centered/SUITE` and
+    `bpb/SUITE`); None for any other (a task file's `acc/NAME`, `acc_norm/NAME`)."""
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] in METRICS:
+        return parts[1]
+    return parts[1] if len(parts) == 2 and parts[0] in ("centered", "bpb") else None
 
 
 def _resolved(config: dict[str, Any], model: Any) -> dict[str, Any]:

@@ -11,8 +11,12 @@
   const n = data.runs.length;
   document.getElementById("meta").textContent =
     (n ? `${n} run${n > 1 ? "s" : ""} · ` : "") + `generated ${data.generated} by octlm ${data.version}`;
-  if (n) setupRuns(data.runs);
-  else document.getElementById("runs").remove();
+  if (n) {
+    setupRuns(data.runs);
+    setupSuites(data.runs);
+  } else {
+    document.getElementById("runs").remove();
+  }
   drawMerges(data.merges || []);
   setupSchedule(data.presets);
   setupClipping();
