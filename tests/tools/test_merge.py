@@ -111,3 +111,22 @@ def test_checkpoints_of_another_shape_are_refused(run, straight_run, tmp_path) -
 
 def test_the_report_names_the_merge_record_as_the_checkpoint_module_does() -> None:
     assert report_runs.MERGE_RECORD == ckpt.MERGE_RECORD
+
+
+def test_a_merge_scored_on_a_suite_prints_merged_minus_last_per_task(run, tmp_path) -> None:
+    """`octlm eval MERGE --tasks SUITE...`: each task's centered score (bpb for a bpb task) of
+    the merge against the newest checkpoint it was made of."""
+    pytest.importorskip("pyarrow", reason="the suites read the package's Arrow files")
+    out = tmp_path / "merged"
+    octlm("merge", str(run), "--last", "2", "-o", str(out))
+    spec = "core-lite/piqa:3,small-suite/lambada_bpb:2"
+    printed = octlm("eval", str(out), "--tasks", spec).stdout.splitlines()
+    deltas = [line for line in printed if line.startswith("merged - last (8): ")]
+    assert [d.split()[4:6] for d in deltas] == [
+        ["core-lite/piqa", "centered"],
+        ["small-suite/lambada_bpb", "bpb"],
+    ]
+    merged = [line for line in printed if "task core-lite/piqa:" in line]
+    last = octlm("eval", str(run), "--tasks", "core-lite/piqa:3").stdout
+    centered = [float(t.split("centered ")[1].split()[0]) for t in (merged[0], last)]
+    assert float(deltas[0].split()[6]) == pytest.approx(centered[0] - centered[1], abs=1e-4)
