@@ -30,10 +30,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from octlm.config.checks import Int, is_int, shown
+from octlm.config.checks import Int, shown
 from octlm.config.run import TASKS_FIX, task_spec, task_specs
 from octlm.errors import OctlmError
-from octlm.evaluate.items import StandardTask
+from octlm.evaluate.fields import (
+    LINE_FIX,
+    TaskLineError,
+    index_field,
+    text_field,
+    texts_field,
+)
+from octlm.evaluate.item_lines import chance, item_of
+from octlm.evaluate.items import Item, StandardTask
 from octlm.evaluate.likelihood import encode_pair, logliks
 from octlm.evaluate.scoring import TaskResult, aggregate, score_standard
 from octlm.evaluate.suites import SUITES, suite_tasks
@@ -65,62 +73,6 @@ class TaskScore:
     acc: float
     acc_norm: float
     questions: int
-
-
-LINE_FIX = "fix that line of the task file (docs/evaluation.md: task files)"
-
-
-class TaskLineError(OctlmError):
-    """One field of one line of a task file is wrong: `field` names it."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"field {field!r}: {problem}", LINE_FIX)
-
-
-def text_field(record: dict, key: str, default: str | None = None) -> str:
-    """`record[key]`, a string encodable as UTF-8 (no lone surrogate)."""
-    if key not in record and default is not None:
-        return default
-    if key not in record:
-        raise TaskLineError(key, "is missing")
-    return checked_text(record[key], key)
-
-
-def checked_text(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        raise TaskLineError(name, f"must be a string, not {shown(value)}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise TaskLineError(name, f"holds a lone surrogate ({shown(value)})") from None
-    return value
-
-
-def texts_field(record: dict, key: str, where: str = "") -> tuple[str, ...]:
-    """`record[key]`, a non-empty list of strings."""
-    value = record.get(key)
-    name = f"{where}{key}"
-    if key not in record:
-        raise TaskLineError(name, "is missing")
-    if not isinstance(value, list) or not value:
-        raise TaskLineError(name, f"must be a non-empty list of strings, not {shown(value)}")
-    return tuple(checked_text(v, f"{name}[{i}]") for i, v in enumerate(value))
-
-
-def index_field(record: dict, key: str, choices: int) -> int:
-    """`record[key]`, the right choice's index: an integer (or its digits, as HellaSwag's
-    files write it) from 0 to `choices` - 1."""
-    if key not in record:
-        raise TaskLineError(key, "is missing")
-    value = record[key]
-    digits = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 20
-    if (is_int(value) or digits) and 0 <= int(value) < choices:
-        return int(value)
-    if is_int(value) or digits:
-        raise TaskLineError(
-            key, f"{key} {shown(value)} is not one of the choices (0 to {choices - 1})"
-        )
-    raise TaskLineError(key, f"must be an integer from 0 to {choices - 1}, not {shown(value)}")
 
 
 def question_of(record: object) -> Question:
@@ -232,11 +184,11 @@ def read_task(spec: str) -> Task:
     return load_task(*task_spec("task", spec.strip()))
 
 
-def load_task(path: str, limit: int | None) -> Task:
+def load_task(path: str, limit: int | None) -> Task | StandardTask:
     """The first `limit` questions (all: None) of a task file or shipped task, each line
     checked field by field: an error names the file, the line and the field."""
     file = task_file(path)
-    questions: list[Question] = []
+    questions: list = []  # Questions, or (a line with "format") Items: one kind per file
     for number, line in task_lines(file):
         if limit is not None and len(questions) == limit:
             break
@@ -248,14 +200,28 @@ def load_task(path: str, limit: int | None) -> Task:
                 f"{where} is not a task question ({shown(str(exc))})", LINE_FIX
             ) from None
         try:
-            questions.append(question_of(record))
+            standard = isinstance(record, dict) and "format" in record
+            questions.append(item_of(record) if standard else question_of(record))
+            if line_kind(questions[-1]) != line_kind(questions[0]):
+                raise OctlmError(
+                    f"is a {line_kind(questions[-1])} line in a file of {line_kind(questions[0])}",
+                    "give each format its own task file",
+                )
         except OctlmError as exc:
             raise OctlmError(f"{where}: {exc.problem}", exc.fix) from None
     if not questions:
         raise OctlmError(
             f"task file {shown_path(file)} holds no question", "add questions, one per line"
         )
+    if isinstance(questions[0], Item):
+        items = tuple(questions)
+        return StandardTask(file.stem, items, chance(items), shown_path(file))
     return Task(file.stem, tuple(questions))
+
+
+def line_kind(line: Question | Item) -> str:
+    """A task file line's format: its Item's, or `question` (the multiple-choice layouts)."""
+    return line.kind if isinstance(line, Item) else "question"
 
 
 AnyTask = Task | StandardTask
@@ -340,7 +306,8 @@ def task_fields(scores: dict[str, AnyScore]) -> dict[str, float]:
         if s.centered is not None:
             out[f"acc/{name}"], out[f"centered/{name}"] = s.metric, s.centered
         out[f"bpb/{name}"] = s.bpb
-        suites.setdefault(name.partition("/")[0], []).append(s)
+        if "/" in name:  # a suite's task; a task file in a standard format stands alone
+            suites.setdefault(name.partition("/")[0], []).append(s)
     for suite, results in suites.items():
         out |= {f"{key}/{suite}": value for key, value in aggregate(results).items()}
     return out

@@ -93,3 +93,37 @@ def test_the_shipped_task_is_read_by_name() -> None:
     assert all(len(q.choices) == 4 and q.delimiter == "\n" for q in task.questions)
     with pytest.raises(OctlmError, match="or a task octlm ships: next_line"):
         read_task("no_such_task")
+
+
+def test_a_task_file_in_each_standard_format(tmp_path, tiny_tokenizer) -> None:
+    """A user's own file with `"format"` lines: mc, schema, lm, bpb, each its own task with
+    its chance level, scored by the suites' rules; one format per file."""
+    from octlm.evaluate.items import StandardTask
+    from octlm.evaluate.tasks import score_any
+
+    lines = {
+        "mc": {"format": "mc", "context": "A cat", "choices": [" sat", " flew", " ran"],
+               "gold": 0, "delimiter": "", "shots": ["A dog barked"]},
+        "schema": {"format": "schema", "contexts": ["The king", "The horse"],
+                   "continuation": "ate hay", "gold": 1},
+        "lm": {"format": "lm", "context": "the king", "continuation": "said"},
+        "bpb": {"format": "bpb", "context": "the king", "continuation": "said"},
+    }  # fmt: skip
+    chances = {"mc": 1 / 3, "schema": 0.5, "lm": 0.0, "bpb": 0.0}
+    model = GPT(unit_config(64))
+    for kind, line in lines.items():
+        task = read_task(str(write(tmp_path / f"{kind}.jsonl", [line, line])))
+        assert isinstance(task, StandardTask) and task.name == kind
+        assert [i.kind for i in task.items] == [kind, kind]
+        assert task.baseline == pytest.approx(chances[kind])
+        result = score_any(model, task, tiny_tokenizer, 64, torch.device("cpu"))
+        assert result.items == 2 and (result.centered is None) == (kind == "bpb")
+    mixed = write(tmp_path / "mixed.jsonl", [lines["lm"], lines["mc"]])
+    with pytest.raises(OctlmError, match="mixed.jsonl:2: is a mc line in a file of lm"):
+        read_task(str(mixed))
+    bad = write(tmp_path / "bad.jsonl", [{**lines["schema"], "gold": 2}])
+    with pytest.raises(OctlmError, match="bad.jsonl:1: field 'gold'"):
+        read_task(str(bad))
+    unknown = write(tmp_path / "unknown.jsonl", [{**lines["lm"], "format": "essay"}])
+    with pytest.raises(OctlmError, match="field 'format': 'essay' is not one of"):
+        read_task(str(unknown))
