@@ -71,3 +71,19 @@ def step_times_and_memory(cfg: TrainConfig) -> tuple[list[float], float | None]:
     memory = [r["mem_mb"] for r in steps if r.get("mem_mb") is not None]
     gaps = [b - a for a, b in zip(elapsed[1:], elapsed[2:], strict=False)]
     return gaps[2:], max(memory) if memory else None  # compile warms up over the first steps
+
+
+def gpu_config(model: str, args: Any, steps: int, **extra: Any) -> TrainConfig:
+    """The GPU checks' run (bench/gpu_check.py, bench/gpu_determinism.py): `args`' shape, bf16
+    autocast, lr 6e-4, on `args.device`; `extra` over it."""
+    return bench_config(
+        model,
+        steps=steps,
+        context=args.context,
+        micro_batch=args.micro_batch,
+        accum=args.accum,
+        dtype="bf16",
+        device=args.device,
+        lr=6e-4,
+        **extra,
+    )

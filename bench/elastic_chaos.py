@@ -26,31 +26,7 @@ from pathlib import Path
 from bench.chaos import checkpoint_step, last_logged_step, straight_reference, unlisted, verdict
 from octlm.config.files import make_config
 from octlm.tools import subrun
-
-
-def workers_of(launcher: int) -> list[int]:
-    """The worker processes the elastic agent in `launcher` runs: its descendants that lead a
-    session of their own. torchrun starts each worker in a new session as its child; forked
-    workers (octlm/trainer/forkstart.py) are the children of the launcher's forkserver and
-    start a session too."""
-    procs: dict[int, tuple[int, int]] = {}  # pid: (parent, session)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            procs[int(stat.parent.name)] = (int(fields[1]), int(fields[3]))
-        except (OSError, ValueError, IndexError):
-            continue
-
-    def under_launcher(pid: int) -> bool:
-        while pid in procs and pid != launcher:
-            pid = procs[pid][0]
-        return pid == launcher
-
-    return sorted(
-        pid
-        for pid, (parent, session) in procs.items()
-        if session == pid and pid != launcher and under_launcher(parent)
-    )
+from octlm.trainer.forkstart import worker_pids
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +65,7 @@ def kill_workers(
             proc.kill()
             print(f"HUNG: no new step for {args.stall:.0f} s after step {seen} ({kills} kills)")
             return None
-        workers = workers_of(proc.pid)
+        workers = worker_pids(proc.pid)
         if kills >= args.kills or len(workers) != args.nproc:
             next_kill = None  # between groups: wait for the restart to be up
             continue
@@ -108,7 +84,7 @@ def kill_workers(
         in_save = list((out / "checkpoints").glob(".*.tmp-*")) or unlisted(out) - orphans_before
         during_save += bool(in_save)
         redone += max(0, last_logged_step(out) - checkpoint_step(out))
-        while victim in workers_of(proc.pid):  # until the agent has noticed and reaped it
+        while victim in worker_pids(proc.pid):  # until the agent has noticed and reaped it
             time.sleep(0.05)
     return kills, during_save, redone
 

@@ -66,7 +66,7 @@ if not __package__:  # run as `python bench/gpu_check.py`: make `bench` importab
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import gpu_determinism
-from bench.common import bench_config, optimizer_for, step_times_and_memory
+from bench.common import bench_config, gpu_config, optimizer_for, step_times_and_memory
 
 VARIANTS = {
     "bf16": {"fused": False},
@@ -81,20 +81,6 @@ MFU_TARGETS = {"small": 0.50, "main": 0.55}
 """Issue 19's targets on an H200, bf16 with fused AdamW and compile."""
 
 
-def base_config(model: str, args: argparse.Namespace, steps: int, **extra: Any) -> TrainConfig:
-    return bench_config(
-        model,
-        steps=steps,
-        context=args.context,
-        micro_batch=args.micro_batch,
-        accum=args.accum,
-        dtype="bf16",
-        device=args.device,
-        lr=6e-4,
-        **extra,
-    )
-
-
 def speed(args: argparse.Namespace) -> None:
     peak = measure_peak(args.device, "bf16", seconds=5.0)
     store_peak(peak)
@@ -107,7 +93,7 @@ def speed(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]  # interleave, alternate the order
             for name in order:
-                cfg = base_config(model, args, args.steps, **VARIANTS[name])
+                cfg = gpu_config(model, args, args.steps, **VARIANTS[name])
                 gaps, memory[name] = step_times_and_memory(cfg)
                 times[name].append(statistics.median(gaps))
         tokens = args.micro_batch * args.accum * args.context
@@ -142,7 +128,7 @@ def exactness(args: argparse.Namespace) -> None:
     model = args.models.split(",")[0]
     flags = {"fused": "fused" in args.variants, "compile": "compile" in args.variants}
     for deterministic in (False, True):
-        cfg = base_config(model, args, args.steps, deterministic=deterministic, **flags)
+        cfg = gpu_config(model, args, args.steps, deterministic=deterministic, **flags)
         summaries, kept = verify_resume(cfg, [args.split], keep=True, echo=lambda _: None)
         print(f"\nverify-resume, {model}, bf16 {flags}, deterministic={deterministic}:")
         print("\n".join(format_table(summaries)))
@@ -164,7 +150,7 @@ def nccl(args: argparse.Namespace) -> None:
         return
     model = args.models.split(",")[0]
     for parallel in ("ddp", "fsdp"):
-        cfg = base_config(model, args, args.steps, deterministic=True, parallel=parallel)
+        cfg = gpu_config(model, args, args.steps, deterministic=True, parallel=parallel)
         with tempfile.TemporaryDirectory() as tmp:
             config = subrun.write_config(cfg, Path(tmp) / "config.toml")
             runs = {"straight": Path(tmp) / "straight", "split": Path(tmp) / "split"}
@@ -189,7 +175,7 @@ def profile(args: argparse.Namespace) -> None:
     out = Path(args.profile_out) / model
     window = f"{min(4, args.steps)}:{min(6, args.steps)}"
     cuda = args.device.startswith("cuda")
-    cfg = base_config(model, args, args.steps, fused=True, profile_steps=window)
+    cfg = gpu_config(model, args, args.steps, fused=True, profile_steps=window)
     train(cfg.replace(out=str(out), memory_snapshot=cuda))
     table = (out / "profile" / "ops.txt").read_text().splitlines()
     files = sorted(path.name for path in (out / "profile").iterdir())
@@ -237,7 +223,7 @@ def doc_mask(args: argparse.Namespace) -> None:
         f"largest gradient difference {worst:.3e}{'' if cuda else ' (CPU: forward only)'}; "
         f"fwd+bwd dense {dense_s * 1e3:.1f} ms, flex {flex_s * 1e3:.1f} ms"
     )
-    cfg = base_config(
+    cfg = gpu_config(
         model_name, args, args.steps, fused=True, packing="bos", doc_mask=True, deterministic=cuda
     )  # on CUDA without --deterministic two straight runs part already (the exactness part)
     summaries, _ = verify_resume(cfg, [args.split], keep=False, echo=lambda _: None)

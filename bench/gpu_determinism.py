@@ -24,7 +24,7 @@ import os
 import statistics
 from typing import Any
 
-from bench.common import bench_config, step_times_and_memory
+from bench.common import gpu_config, step_times_and_memory
 from octlm.config.run import DETERMINISM_PARTS
 from octlm.config.train import TrainConfig
 
@@ -51,19 +51,7 @@ def combo_config(model: str, args: argparse.Namespace, name: str) -> TrainConfig
         if parts == DETERMINISM_PARTS
         else {"deterministic_parts": ",".join(parts) or None}
     )
-    return bench_config(
-        model,
-        steps=args.steps,
-        context=args.context,
-        micro_batch=args.micro_batch,
-        accum=args.accum,
-        dtype="bf16",
-        device=args.device,
-        lr=6e-4,
-        fused=True,
-        compile=compiled,
-        **keys,
-    )
+    return gpu_config(model, args, args.steps, fused=True, compile=compiled, **keys)
 
 
 def combo_names(args: argparse.Namespace) -> list[str]:

@@ -81,8 +81,15 @@ def _batched(
     return out
 
 
-def logliks(
+def scored_quietly(
     model: nn.Module, pairs: list[tuple[list[int], list[int]]], context: int, device: torch.device
-) -> list[float]:
-    """Sum of log-probabilities of each continuation after its context (`continuations`)."""
-    return [c.loglik for c in continuations(model, pairs, context, device)]
+) -> list[Continuation]:
+    """`continuations` in eval mode with every generator restored after, the model's mode put
+    back: scoring never moves a training bit."""
+    was_training = model.training
+    model.eval()
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        scored = continuations(model, pairs, context, device)
+    model.train(was_training)
+    return scored

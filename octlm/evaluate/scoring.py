@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from octlm.evaluate.items import Item, StandardTask, centered
-from octlm.evaluate.likelihood import Continuation, continuations, encode_pair
+from octlm.evaluate.likelihood import Continuation, encode_pair, scored_quietly
 from octlm.tokenizer.core import Tokenizer
 
 
@@ -79,12 +79,7 @@ def score_standard(
         for ctx, cont in item.pairs():
             pairs.append(encode_pair(tok, ctx, cont))
             texts.append(cont)
-    was_training = model.training
-    model.eval()
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        scored = continuations(model, pairs, context, device)
-    model.train(was_training)
+    scored = scored_quietly(model, pairs, context, device)
     results, at = [], 0
     for item in task.items:
         n = len(item.pairs())

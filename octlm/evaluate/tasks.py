@@ -42,7 +42,7 @@ from octlm.evaluate.fields import (
 )
 from octlm.evaluate.item_lines import chance, item_of
 from octlm.evaluate.items import Item, StandardTask
-from octlm.evaluate.likelihood import encode_pair, logliks
+from octlm.evaluate.likelihood import encode_pair, scored_quietly
 from octlm.evaluate.scoring import TaskResult, aggregate, score_standard
 from octlm.evaluate.suites import SUITES, suite_tasks
 from octlm.tokenizer.core import Tokenizer
@@ -265,12 +265,7 @@ def score_task(
     pairs = [
         encode_pair(tok, q.context, q.delimiter + c) for q in task.questions for c in q.choices
     ]
-    was_training = model.training
-    model.eval()
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        scores = logliks(model, pairs, context, device)
-    model.train(was_training)
+    scores = [c.loglik for c in scored_quietly(model, pairs, context, device)]
     right = right_norm = 0
     at = 0
     for q in task.questions:

@@ -32,6 +32,7 @@ import sys
 import traceback
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from octlm.errors import OctlmError
@@ -156,3 +157,28 @@ def main_path() -> str:
     spec = importlib.util.find_spec("octlm.__main__")
     assert spec is not None and spec.origin is not None
     return spec.origin
+
+
+def worker_pids(launcher: int) -> list[int]:
+    """The worker processes the elastic agent in `launcher` (a pid) runs, read from Linux's
+    /proc: its descendants that lead a session of their own. torchrun starts each worker in a
+    new session as its child; forked workers are the children of the launcher's forkserver and
+    start a session too (`worker`). For tools and tests that signal or kill one worker."""
+    procs: dict[int, tuple[int, int]] = {}  # pid: (parent, session)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            procs[int(stat.parent.name)] = (int(fields[1]), int(fields[3]))
+        except (OSError, ValueError, IndexError):
+            continue
+
+    def under_launcher(pid: int) -> bool:
+        while pid in procs and pid != launcher:
+            pid = procs[pid][0]
+        return pid == launcher
+
+    return sorted(
+        pid
+        for pid, (parent, session) in procs.items()
+        if session == pid and pid != launcher and under_launcher(parent)
+    )

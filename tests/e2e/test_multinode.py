@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.forkstart import worker_pids
 from tests.e2e.helpers import DIST_FLAGS, dist_args, end_hash, steps_of
 from tests.e2e.helpers import DIST_STEPS as STEPS
 
@@ -65,31 +66,6 @@ def two_nodes(outs: tuple[Path, Path], data: Path, *extra: str) -> list[tuple[in
     return [finish(p) for p in procs]
 
 
-def workers_of(launcher: int) -> list[int]:
-    """The worker processes the elastic agent in `launcher` runs: its descendants that lead a
-    session of their own. torchrun starts each worker in a new session as its child; forked
-    workers (octlm/trainer/forkstart.py) are the children of the launcher's forkserver and
-    start a session too."""
-    procs: dict[int, tuple[int, int]] = {}  # pid: (parent, session)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            procs[int(stat.parent.name)] = (int(fields[1]), int(fields[3]))
-        except (OSError, ValueError, IndexError):
-            continue
-
-    def under_launcher(pid: int) -> bool:
-        while pid in procs and pid != launcher:
-            pid = procs[pid][0]
-        return pid == launcher
-
-    return sorted(
-        pid
-        for pid, (parent, session) in procs.items()
-        if session == pid and pid != launcher and under_launcher(parent)
-    )
-
-
 def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Until the log holds a step record >= `step` (records are written after each step)."""
     deadline = time.monotonic() + timeout
@@ -116,7 +92,7 @@ def kill_twice(proc: subprocess.Popen, out: Path, rng: random.Random) -> None:
             assert time.monotonic() < deadline, f"no step {step} after {kills} resume(s)"
             time.sleep(0.05)
         time.sleep(rng.uniform(0, 0.3))
-        workers = workers_of(proc.pid)
+        workers = worker_pids(proc.pid)
         assert len(workers) == 2 and proc.poll() is None
         os.kill(rng.choice(workers), signal.SIGKILL)
 
@@ -258,7 +234,7 @@ def test_preemption_of_one_worker_checkpoints_and_asks_for_requeue(
     requeue = ("--requeue-exit-code", str(REQUEUE))
     proc = start(*args(tiny_dataset, out, "--nproc", "2", "--resume", *requeue))
     wait_for_step(out, 2, proc)
-    os.kill(workers_of(proc.pid)[-1], signal.SIGUSR1)
+    os.kill(worker_pids(proc.pid)[-1], signal.SIGUSR1)
     code, err = finish(proc)
     assert code == REQUEUE, err
     assert "SIGUSR1: finishing this step, then checkpointing" in err
@@ -279,7 +255,7 @@ def test_a_stopped_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
     out = tmp_path / "run"
     proc = start(*args(tiny_dataset, out, "--nproc", "2", "--dist-timeout", "4"))
     wait_for_step(out, 3, proc)
-    stopped = workers_of(proc.pid)[-1]
+    stopped = worker_pids(proc.pid)[-1]
     os.kill(stopped, signal.SIGSTOP)
     err = ""
     try:
