@@ -4,6 +4,7 @@ generator, so a sample is reproducible from its seed and touches no global RNG."
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -94,21 +95,29 @@ def generate_batch(
     top_k: int | None = None,
     seed: int = 0,
     stop_id: int | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """`generate` of each prompt, in one batch: the prompts left-padded to one length, each row
-    sampling from a generator of its own seeded with `seed`, so a row's tokens are the ones
-    its prompt gets alone. Prompts that would run past the context go one at a time (the
-    sliding window moves each row's positions differently)."""
+    sampling from a generator of its own seeded with `seed` (or row i with `seeds[i]`: several
+    samples of one prompt), so a row's tokens are the ones its prompt gets alone with that
+    seed. Prompts that would run past the context go one at a time (the sliding window moves
+    each row's positions differently)."""
+    row_seeds = list(seeds) if seeds is not None else [seed] * len(prompts)
+    if len(row_seeds) != len(prompts):
+        raise ValueError(f"{len(row_seeds)} seeds for {len(prompts)} prompts")
     longest = max((len(p) for p in prompts), default=0)
     if len(prompts) < 2 or longest + max_new_tokens > model.config.context:
-        sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
-        return [generate(model, p, max_new_tokens, stop_id=stop_id, **sampling) for p in prompts]
+        sampling = {"temperature": temperature, "top_k": top_k}
+        return [
+            generate(model, p, max_new_tokens, stop_id=stop_id, seed=s, **sampling)
+            for p, s in zip(prompts, row_seeds, strict=True)
+        ]
     if min(len(p) for p in prompts) == 0:
         raise ValueError("every prompt must hold at least one token")
     device = next(model.parameters()).device
     pad = torch.tensor([longest - len(p) for p in prompts], device=device)
     rows = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
-    generators = [torch.Generator(device=device).manual_seed(seed) for _ in prompts]
+    generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds]
     cache, new = KVCache(model, len(prompts)), [[] for _ in prompts]
     live = set(range(len(prompts)))
     was_training = model.training

@@ -148,3 +148,21 @@ def test_the_cli_refuses_them_before_it_loads_a_model(tmp_path, capsys, flags) -
     assert main(["generate", str(tmp_path / "no-run"), "--prompt", "x", *flags]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"octlm: error: {flags[0]} {flags[1]}"), err
+
+
+def test_batch_rows_with_seeds_of_their_own_equal_each_sample_alone_uncached(model: GPT) -> None:
+    """Several samples of one prompt in one cached batch (row i from `seeds[i]`): each row is
+    the uncached `generate` of that seed, and the seeds make the rows differ."""
+    from octlm.generation.sampling import generate_batch
+
+    seeds = [11, 12, 13, 14]
+    prompts = [PROMPT, PROMPT, PROMPT[:3], PROMPT]
+    rows = generate_batch(model, prompts, 12, temperature=1.0, seeds=seeds, stop_id=7)
+    alone = [
+        generate(model, p, 12, temperature=1.0, seed=s, stop_id=7, cache=False)
+        for p, s in zip(prompts, seeds, strict=True)
+    ]
+    assert rows == alone
+    assert rows[0] != rows[1]  # control: another seed samples another reply
+    with pytest.raises(ValueError, match="2 seeds for 4 prompts"):
+        generate_batch(model, prompts, 4, temperature=1.0, seeds=[1, 2])
