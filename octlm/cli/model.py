@@ -46,6 +46,16 @@ def add_model_commands(sub: Any) -> None:
     ev.add_argument(
         "--json", action="store_true", help="with --tasks: print the scores as one JSON object"
     )
+    ev.add_argument(
+        "--task",
+        help="a verifiable task of octlm rl (addition, sorting, count, ...): pass@1 and pass@k "
+        "of the model's sampled replies to its held-out prompts (a chat fine-tune: docs/rl.md)",
+    )
+    ev.add_argument("--task-prompts", type=int, default=64, help="with --task: held-out prompts")
+    ev.add_argument("--pass-k", type=int, default=4, help="with --task: replies per prompt")
+    ev.add_argument("--max-new-tokens", type=int, default=32, help="with --task: reply cap")
+    ev.add_argument("--temperature", type=float, default=1.0, help="with --task: sampling")
+    ev.add_argument("--seed", type=int, default=0, help="with --task: the replies' seeds")
     ev.set_defaults(handler=_cmd_eval)
     prompt = ge.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt")
@@ -133,6 +143,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from octlm.evaluate.tasks import read_tasks
     from octlm.generation.trained import load_model, merged_last
 
+    if args.task is not None:
+        if args.tasks is not None:
+            raise OctlmError("--task and --tasks score differently", "pass one of them")
+        return _score_rl_task(args)
     # Bad files (and an empty list) are refused before the model is loaded.
     tasks = read_tasks(args.tasks) if args.tasks is not None else []
     model, info = load_model(args.run, device=args.device)
@@ -193,6 +207,52 @@ def _score_tasks(args: argparse.Namespace, model: Any, info: Any, tasks: list) -
         else:
             out[f"{name} bpb"] = (s.bpb, False)
     return out
+
+
+def _score_rl_task(args: argparse.Namespace) -> int:
+    """`--task`: the held-out pass@1 and pass@k, as `octlm rl` logs them with its defaults."""
+    from octlm.data.chat_format import check_chat_dataset
+    from octlm.generation.trained import load_model, run_dataset, run_tokenizer
+    from octlm.rl.heldout import score_heldout
+    from octlm.rl.run import check_lengths
+    from octlm.rl.settings import RLConfig
+    from octlm.rl.tasks import get_task
+
+    task = get_task(args.task)
+    settings = RLConfig(  # the same checks (one line each) as octlm rl's flags
+        source=args.run,
+        task=args.task,
+        out="",
+        eval_prompts=args.task_prompts,
+        pass_k=args.pass_k,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    model, info = load_model(args.run, device=args.device)
+    check_chat_dataset(run_dataset(info, args.data).manifest, args.run)
+    tokenizer = run_tokenizer(info, args.data)
+    check_lengths(settings, task, tokenizer, model.config.context)
+    score = score_heldout(
+        model,
+        tokenizer,
+        task,
+        prompts=settings.eval_prompts,
+        k=settings.pass_k,
+        seed=settings.seed,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+    )
+    if args.json:
+        where = {"run": str(info.path), "step": info.step, "task": args.task}
+        print(json.dumps({**where, **score.fields()}))
+    else:
+        print(
+            f"{info.path}  step {info.step}  task {args.task}: pass@1 {score.pass1:.4f}  "
+            f"pass@{score.k} {score.passk:.4f}  reward {score.reward:.4f}  cut {score.cut:.4f}  "
+            f"({score.prompts} held-out prompts, {score.k} replies each)"
+        )
+    return 0
 
 
 def model_device(model: Any) -> Any:

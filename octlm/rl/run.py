@@ -44,7 +44,7 @@ from octlm.trainer.resume import load_newest_valid
 from octlm.trainer.state import configure_determinism
 
 KIND = "rl"
-MARKER = "rl.json"
+MARKER = ckpt.RL_RECORD
 """In an RL run's folder from its start: `octlm train` refuses the folder, `octlm rl` knows it."""
 
 

@@ -50,7 +50,7 @@ class RLConfig:
     task: str
     """The verifiable task (`octlm/rl/tasks.py`): addition, sorting, count, ..."""
     out: str
-    """The RL run's own folder (checkpoints, log)."""
+    """The RL run's own folder (checkpoints, log); required unless --verify-split."""
     prompts: int = 16
     """P: prompts per step (split across processes)."""
     samples: int = 8

@@ -36,6 +36,7 @@ CKPT_DIR = "checkpoints"
 SNAPSHOT_DIR = "snapshots"
 WEIGHTS_FILE = "model.safetensors"  # a folder's weights-only snapshot: an export's, a merge's
 MERGE_RECORD = "merge.json"  # beside it in `octlm merge`'s folder, which is not a run to train
+RL_RECORD = "rl.json"  # in an `octlm rl` run's folder: continued by `octlm rl --resume` only
 LATEST = "latest.json"
 KEEP_LAST = 2  # the previous file survives until a newer one is complete and listed
 # bench/chaos.py's faults: seconds to pause after the temporary file and after the rename.

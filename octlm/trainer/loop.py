@@ -97,6 +97,11 @@ def _train_locked(
             f"{out} holds merged weights (octlm merge), not a run to train",
             f"train into another --out, with --init-from {out} to start from them",
         )
+    if (out / ckpt.RL_RECORD).exists():
+        raise OctlmError(
+            f"{out} holds an RL run (octlm rl), not a training run",
+            "continue it with octlm rl --resume, or train into another --out",
+        )
     if not cfg.run.resume and has_run(out):
         raise OctlmError(
             f"{out} already holds a run", "pass --resume to continue it, or choose another --out"

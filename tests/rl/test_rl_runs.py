@@ -1,0 +1,174 @@
+"""`octlm rl` end to end: a chat fine-tune on a task's generated conversations, then RL runs in
+new processes, stopped and resumed, on 2 processes and 1, compared bit for bit with the
+straight run (weights, optimizer tensors, every step's rewards and rollout hash, every
+held-out score), each with a control that must differ; the replies equal the uncached model's;
+bad settings are one line each and leave the folder as it was."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from octlm.generation.sampling import generate
+from octlm.generation.trained import load_model, run_tokenizer
+from octlm.rl.rollout import prompt_ids, reply_seed, sample_group
+from octlm.rl.tasks import get_task
+from octlm.rl.verify import numbers
+from octlm.runlog import read_log
+from tests.e2e.helpers import end_hash, octlm, optimizer_tensors
+from tests.shared import shared
+
+pytestmark = pytest.mark.slow
+
+CONTEXT = 64
+RL = ("--task", "addition:1", "--steps", "4", "--prompts", "4", "--samples", "4")
+RL += ("--max-new-tokens", "6", "--eval-every", "2", "--eval-prompts", "8", "--pass-k", "2")
+RL += ("--ckpt-every", "2", "--lr", "3e-4", "--no-progress")
+
+
+@pytest.fixture(scope="module")
+def source(tiny_tokenizer, tmp_path_factory) -> Path:
+    """A micro model fine-tuned on 1-digit addition conversations (the chat format)."""
+
+    def build(root: Path) -> None:
+        tiny_tokenizer.save(root / "tokenizer.json")
+        octlm("rl-data", "--task", "addition:1", "--count", "400", "--out", str(root / "add.jsonl"))
+        octlm("prepare", str(root / "add.jsonl"), "--format", "chat", "--tokenizer",
+              str(root / "tokenizer.json"), "--context", str(CONTEXT), "--out", str(root / "data"))  # fmt: skip
+        octlm("train", "--model", "micro", "--data", str(root / "data"), "--out", str(root / "ft"),
+              "--steps", "30", "--warmup", "3", "--lr", "3e-3", "--context", str(CONTEXT),
+              "--micro-batch", "16", "--accum", "1", "--order", "epoch", "--val-every", "0",
+              "--dtype", "fp32", "--no-progress")  # fmt: skip
+
+    return shared(tmp_path_factory, "rl-source", build) / "ft"
+
+
+def rl(source: Path, out: Path, *extra: str, check: bool = True):
+    return octlm("rl", str(source), *RL, "--out", str(out), *extra, check=check)
+
+
+@pytest.fixture(scope="module")
+def straight(source, tmp_path_factory) -> Path:
+    return shared(tmp_path_factory, "rl-straight", lambda root: rl(source, root / "run")) / "run"
+
+
+def assert_same_rl_run(run: Path, ref: Path) -> None:
+    assert end_hash(run) == end_hash(ref)
+    assert numbers(read_log(run)) == numbers(read_log(ref))
+    a, b = optimizer_tensors(run), optimizer_tensors(ref)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_the_log_shows_rewards_cut_replies_lengths_and_the_rollout_hash(straight) -> None:
+    records = read_log(straight)
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for r in steps:
+        assert 0 <= r["reward"] <= 1 and 0 <= r["cut"] <= 1 and 0 <= r["correct"] <= 1
+        assert 1 <= r["reply_len"] <= 6 and len(r["rollout_sha256"]) == 64
+    assert len({r["rollout_sha256"] for r in steps}) == 4  # each step samples its own
+    vals = [r for r in records if r["type"] == "val"]
+    assert [r["step"] for r in vals] == [2, 4]
+    assert all(0 <= r["pass@1"] <= r["pass@2"] <= 1 for r in vals)
+    assert records[0]["kind"] == "rl"
+
+
+def test_stopped_and_resumed_equals_straight_and_another_seed_differs(
+    source, straight, tmp_path
+) -> None:
+    out = tmp_path / "split"
+    stop = rl(source, out, "--stop-at", "1")
+    assert "stopped at RL step 1" in stop.stderr
+    assert "resumed from" in rl(source, out, "--resume").stderr
+    assert_same_rl_run(out, straight)
+    control = tmp_path / "control"
+    rl(source, control, "--seed", "1")
+    assert end_hash(control) != end_hash(straight)
+    ref_steps = [r for r in read_log(straight) if r["type"] == "step"]
+    got = [r for r in read_log(control) if r["type"] == "step"]
+    assert all(a["rollout_sha256"] != b["rollout_sha256"] for a, b in zip(ref_steps, got))
+
+
+def test_two_processes_resumed_on_one_equal_the_straight_run(source, straight, tmp_path) -> None:
+    out = tmp_path / "two"
+    rl(source, out, "--nproc", "2", "--stop-at", "2")
+    rl(source, out, "--resume")
+    assert_same_rl_run(out, straight)
+
+
+def test_verify_split_reports_identical(source, tmp_path) -> None:
+    proc = octlm("rl", str(source), *RL, "--verify-split", "2", "--workdir", str(tmp_path))
+    assert proc.stdout.strip().endswith("bit for bit")
+    assert "split@2" in proc.stdout and "identical" in proc.stdout
+
+
+def test_a_steps_replies_equal_the_uncached_models(source) -> None:
+    model, info = load_model(source)
+    tokenizer, task = run_tokenizer(info), get_task("addition:1")
+    problem = task.problem(0, 3, 1)
+    seeds = [reply_seed(0, 3, 1, j) for j in range(4)]
+    group = sample_group(model, tokenizer, task, problem, index=1, seeds=seeds,
+                         max_new_tokens=6, temperature=1.0, top_k=None)  # fmt: skip
+    ids = prompt_ids(tokenizer, problem)
+    alone = [
+        generate(model, ids, 6, temperature=1.0, seed=s, stop_id=tokenizer.eos_id, cache=False)
+        for s in seeds
+    ]
+    assert group.replies == alone
+    assert len({tuple(r) for r in alone}) > 1  # control: the seeds sample different replies
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--task", "nope"), "unknown task"),
+        (("--samples", "0"), "--samples 0 must be an integer from 1"),
+        (("--prompts", "0"), "--prompts 0 must be an integer from 1"),
+        (("--max-new-tokens", "500"), "runs past the model's context of 64"),
+        (("--nproc", "3"), "3 processes cannot share 4 prompts"),
+        (("--temperature", "nan"), "--temperature nan must be a finite number"),
+    ],
+)
+def test_bad_settings_are_one_line_and_write_nothing(source, tmp_path, extra, message) -> None:
+    out = tmp_path / "bad"
+    proc = octlm("rl", str(source), *RL, "--out", str(out), *extra, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_run_without_the_chat_format_is_refused(tiny_dataset, tmp_path) -> None:
+    base = tmp_path / "base"
+    octlm("train", "--model", "micro", "--data", str(tiny_dataset), "--out", str(base),
+          "--steps", "1", "--context", "32", "--micro-batch", "2", "--val-every", "0",
+          "--no-progress")  # fmt: skip
+    proc = octlm("rl", str(base), *RL, "--out", str(tmp_path / "rl"), check=False)
+    assert proc.returncode == 1 and "was not trained on a chat dataset" in proc.stderr
+    assert not (tmp_path / "rl").exists()
+
+
+def test_a_resume_with_other_settings_is_refused_and_changes_nothing(
+    source, straight, tmp_path
+) -> None:
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(straight, out)
+    before = folder_digest(out)
+    proc = rl(source, out, "--resume", "--lr", "1e-3", check=False)
+    assert proc.returncode == 1 and "lr: 0.0003 -> 0.001" in proc.stderr
+    assert folder_digest(out) == before
+    train = octlm("train", "--resume", "--out", str(out), "--model", "micro", check=False)
+    assert train.returncode == 1 and "RL run" in train.stderr
+    assert folder_digest(out) == before
