@@ -97,7 +97,7 @@ def run_rl(args: argparse.Namespace, entry: Callable[[], Any]) -> int:
 
 
 def _verify(args: argparse.Namespace, values: dict[str, Any]) -> int:
-    from octlm.rl.verify import verify_rl
+    from octlm.tools.rlverify import verify_rl
     from octlm.tools.verify import format_result
 
     if args.out is not None or args.resume or args.stop_at is not None or args.nproc != 1:

@@ -16,8 +16,8 @@ from octlm.generation.sampling import generate
 from octlm.generation.trained import load_model, run_tokenizer
 from octlm.rl.rollout import prompt_ids, reply_seed, sample_group
 from octlm.rl.tasks import get_task
-from octlm.rl.verify import numbers
 from octlm.runlog import read_log
+from octlm.tools.rlverify import numbers
 from tests.e2e.helpers import end_hash, octlm, optimizer_tensors
 from tests.shared import shared
 
@@ -35,9 +35,10 @@ def source(tiny_tokenizer, tmp_path_factory) -> Path:
 
     def build(root: Path) -> None:
         tiny_tokenizer.save(root / "tokenizer.json")
-        octlm("rl-data", "--task", "addition:1", "--count", "400", "--out", str(root / "add.jsonl"))
-        octlm("prepare", str(root / "add.jsonl"), "--format", "chat", "--tokenizer",
-              str(root / "tokenizer.json"), "--context", str(CONTEXT), "--out", str(root / "data"))  # fmt: skip
+        chats, tokenizer = str(root / "add.jsonl"), str(root / "tokenizer.json")
+        octlm("rl-data", "--task", "addition:1", "--count", "400", "--out", chats)
+        octlm("prepare", chats, "--format", "chat", "--tokenizer", tokenizer,
+              "--context", str(CONTEXT), "--out", str(root / "data"))  # fmt: skip
         octlm("train", "--model", "micro", "--data", str(root / "data"), "--out", str(root / "ft"),
               "--steps", "30", "--warmup", "3", "--lr", "3e-3", "--context", str(CONTEXT),
               "--micro-batch", "16", "--accum", "1", "--order", "epoch", "--val-every", "0",
@@ -89,7 +90,8 @@ def test_stopped_and_resumed_equals_straight_and_another_seed_differs(
     assert end_hash(control) != end_hash(straight)
     ref_steps = [r for r in read_log(straight) if r["type"] == "step"]
     got = [r for r in read_log(control) if r["type"] == "step"]
-    assert all(a["rollout_sha256"] != b["rollout_sha256"] for a, b in zip(ref_steps, got))
+    pairs = zip(ref_steps, got, strict=True)
+    assert all(a["rollout_sha256"] != b["rollout_sha256"] for a, b in pairs)
 
 
 def test_two_processes_resumed_on_one_equal_the_straight_run(source, straight, tmp_path) -> None:
