@@ -17,6 +17,7 @@ from typing import Any
 from octlm import __version__
 from octlm.cli.data import add_data_commands
 from octlm.cli.model import add_model_commands, run_parser
+from octlm.cli.tasks import add_task_commands
 from octlm.config.checks import shown, shown_path
 from octlm.config.files import field_docs, load_toml, make_config, sectioned_toml
 from octlm.config.run import DTYPES
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_commands(sub)
     _add_log_commands(sub)
     add_model_commands(sub)
+    add_task_commands(sub)
     _add_page_commands(sub)
     _add_export_command(sub)
     _add_machine_commands(sub)

@@ -14,11 +14,16 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from octlm.cli.main import main
+from octlm.data.packing import START, TARGET
+from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
+from octlm.rl.task_data import CHAT_STREAM, chat_problems, conversation, write_chat_data
 from octlm.rl.tasks import (
     HELDOUT_SHARE,
     REWARD_CORRECT,
@@ -31,7 +36,10 @@ from octlm.rl.tasks import (
     Task,
     get_task,
 )
+from octlm.tokenizer.core import Tokenizer
+from tests.test_bad_input import tree
 
+TOKENIZER = Path(__file__).parents[1] / "golden" / "v1-micro" / "data" / "tokenizer.json"
 SPECS = ("addition", "addition:1", "addition:7", "sorting", "sorting:2", "count")
 PINNED = {
     # (spec, seed, step, index) -> (prompt, answer). A change here changes every run's problems:
@@ -163,7 +171,7 @@ def test_the_held_out_set_is_fixed_and_no_training_or_chat_draw_lands_in_it(spec
     assert len({p.prompt for p in held}) == n and all(task.is_held_out(p) for p in held)
     prompts = {p.prompt for p in held}
     drawn = [task.problem(s, t, i) for s in (0, 5) for t in range(10) for i in range(20)]
-    drawn += [task.draw("chat", 3, i) for i in range(400)]
+    drawn += list(chat_problems(task, 400, seed=3))
     assert not any(task.is_held_out(p) or p.prompt in prompts for p in drawn)
 
 
@@ -235,8 +243,95 @@ def test_reasoning_gym_missing_is_one_line(monkeypatch) -> None:
     assert "\n" not in str(info.value)
 
 
+def test_chat_data_is_the_chat_stream_as_json_lines(tmp_path) -> None:
+    task = get_task("sorting")
+    out = write_chat_data(task, 25, tmp_path / "sub" / "chats.jsonl", seed=4)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records == [conversation(p) for p in chat_problems(task, 25, seed=4)]
+    assert (
+        records[0]["messages"][0]["role"] == "user"
+        and records[0]["messages"][1]["role"] == "assistant"
+    )
+    assert [task.draw(CHAT_STREAM, 4, i) for i in range(3)] != [
+        task.problem(4, 0, i) for i in range(3)
+    ]
+    assert [p.name for p in tmp_path.joinpath("sub").iterdir()] == ["chats.jsonl"]  # no temp file
+
+
+def test_rl_data_round_trips_through_prepare_chat(tmp_path, capsys) -> None:
+    chats, data = tmp_path / "add.jsonl", tmp_path / "data"
+    assert main(["rl-data", "--task", "addition:3", "--count", "60", "--out", str(chats)]) == 0
+    assert "wrote 60 conversations of addition:3" in capsys.readouterr().out
+    args = ["prepare", str(chats), "--format", "chat", "--tokenizer", str(TOKENIZER)]
+    assert main([*args, "--context", "64", "--out", str(data)]) == 0
+    tok, ds = Tokenizer.load(TOKENIZER), ShardDataset.open(data, verify_checksums=True)
+    answers = []
+    for split in ("train", "val"):
+        streams = (getattr(ds, split), getattr(ds, f"{split}_mask"))
+        tokens, mask = (np.asarray(s.window(0, len(s))) for s in streams)
+        starts = [*np.flatnonzero(mask == START).tolist(), len(mask)]
+        for a, b in zip(starts, starts[1:], strict=False):
+            target = tokens[a:b][mask[a:b] == TARGET].tolist()
+            assert target[-1] == tok.eos_id  # the reply ends its turn
+            answers.append(tok.decode(target[:-1]))
+    expected = [p.answer for p in chat_problems(get_task("addition:3"), 60, seed=0)]
+    assert sorted(answers) == sorted(expected)
+
+
+BAD_RUNS = {
+    "unknown_task": (["--task", "division", "--count", "5", "--out", "a.jsonl"], "unknown task"),
+    "bad_digits": (["--task", "addition:40", "--count", "5", "--out", "a.jsonl"], "from 1 to 15"),
+    "gym_name": (["--task", "reasoning_gym:", "--count", "5", "--out", "a.jsonl"], "reasoning"),
+    "count_zero": (["--task", "count", "--count", "0", "--out", "a.jsonl"], "--count 0 must be"),
+    "count_negative": (["--task", "count", "--count", "-3", "--out", "a.jsonl"], "--count -3"),
+    "count_word": (["--task", "count", "--count", "many", "--out", "a.jsonl"], "not a number"),
+    "seed_negative": (
+        ["--task", "count", "--count", "5", "--seed", "-1", "--out", "a.jsonl"],
+        "--seed -1",
+    ),
+    "out_folder": (["--task", "count", "--count", "5", "--out", "busy.jsonl"], "is a folder"),
+    "out_exists": (["--task", "count", "--count", "5", "--out", "old.jsonl"], "already exists"),
+    "out_suffix": (
+        ["--task", "count", "--count", "5", "--out", "chats.txt"],
+        "does not end in .jsonl",
+    ),
+    "out_under_file": (
+        ["--task", "count", "--count", "5", "--out", "old.jsonl/a.jsonl"],
+        "which is a file",
+    ),
+    "out_empty": (["--task", "count", "--count", "5", "--out", ""], "--out"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_RUNS)
+def test_rl_data_bad_input_is_one_line_and_writes_nothing(
+    case, tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "busy.jsonl").mkdir()
+    (tmp_path / "old.jsonl").write_text("keep me\n")
+    before = tree(tmp_path)
+    args, expected = BAD_RUNS[case]
+    try:
+        code = main(["rl-data", *args])
+    except SystemExit as exc:  # argparse: a usage line, then the one error line
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("usage:")]
+    assert code not in (0, None) and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("octlm: error: ") and expected in lines[0], lines[0]
+    assert tree(tmp_path) == before
+
+
+def test_rl_data_force_replaces_an_existing_file(tmp_path, capsys) -> None:
+    out = tmp_path / "old.jsonl"
+    out.write_text("keep me\n")
+    assert main(["rl-data", "--task", "count", "--count", "3", "--out", str(out), "--force"]) == 0
+    assert len(out.read_text().splitlines()) == 3 and "keep me" not in out.read_text()
+
+
 def test_the_task_modules_import_no_torch() -> None:
-    code = "import sys, octlm.rl.tasks; "
+    code = "import sys, octlm.rl.tasks, octlm.rl.task_data, octlm.cli.tasks; "
     code += "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
