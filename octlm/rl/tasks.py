@@ -199,8 +199,9 @@ WORDS = tuple(WORD_LIST.split())
 
 @dataclass(frozen=True)
 class Count(Task):
-    """How many times a letter appears in a word (the letter is in the word three times in
-    four); the reply is the number."""
+    """How many times a letter appears in a word; the reply is the number. The count is drawn
+    first, uniformly from those the word has (0 among them), then a letter with it: drawn
+    letter-first, "1" would be the answer half the time, a reply that needs no counting."""
 
     @property
     def name(self) -> str:
@@ -209,7 +210,10 @@ class Count(Task):
     def make(self, seed: int) -> Problem:
         rng = random.Random(seed)
         word = rng.choice(WORDS)
-        letter = rng.choice(word if rng.randrange(4) else string.ascii_lowercase)
+        by_count: dict[int, list[str]] = {}
+        for letter in string.ascii_lowercase:  # alphabetical: the lists' order is fixed
+            by_count.setdefault(word.count(letter), []).append(letter)
+        letter = rng.choice(by_count[rng.choice(sorted(by_count))])
         prompt = (
             f'How many times does the letter "{letter}" appear in "{word}"? '
             "Reply with the number only."

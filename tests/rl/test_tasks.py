@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ PINNED = {
         "21 25 58 98",
     ),
     ("count", 1337, 0, 0): (
-        'How many times does the letter "l" appear in "golden"? Reply with the number only.',
+        'How many times does the letter "g" appear in "golden"? Reply with the number only.',
         "1",
     ),
 }
@@ -113,6 +114,13 @@ def test_every_answer_is_the_oracles_and_earns_the_full_reward(spec) -> None:
         assert p.answer == oracle(task, p)
         assert task.reward(p, p.answer) == REWARD_CORRECT and task.correct(p, p.answer)
         assert task.reward(p, f"  {p.answer}\n") == REWARD_CORRECT
+
+
+def test_no_count_answer_is_a_reply_that_needs_no_counting() -> None:
+    """Drawn letter-first, "1" was the answer to 54% of count problems: a model answering "1"
+    to everything scored that. The count is drawn first now, so no answer is that common."""
+    answers = Counter(Count().problem(0, 0, i).answer for i in range(5000))
+    assert set(answers) >= {"0", "1", "2", "3"} and max(answers.values()) < 0.4 * 5000
 
 
 ADDITION = Problem("What is 123 + 456? Reply with the number only.", "579", (123, 456))
