@@ -45,7 +45,7 @@ TASKS_VERSION = 1
 HELDOUT_SHARE = 10
 """One problem in this many is held out (by a hash of its prompt)."""
 MAX_REDRAWS = 1000
-"""Draws of one training problem before the task is called too small (all held out)."""
+"""Draws of one problem before the task is called too small (all held out, or none)."""
 MAX_DIGITS = 15
 """addition:N up to 15 digits: the sum stays below 2**53, exact in any JSON reader."""
 MAX_LENGTH = 16
@@ -116,23 +116,24 @@ class Task(ABC):
         )
 
     def heldout(self, n: int) -> list[Problem]:
-        """The first `n` distinct problems of the held-out stream: the same for every run and
-        seed, and `heldout(k) == heldout(n)[:k]`."""
-        found: dict[str, Problem] = {}
-        tries = 100 * n + 10_000
-        for i in range(tries):
-            if len(found) == n:
-                break
+        """The first `n` held-out problems of the held-out stream: the same for every run and
+        seed, `heldout(k) == heldout(n)[:k]`, drawn as training problems are, so the score on
+        them estimates the task's own mix. On a small space (addition:1, count) a prompt may
+        come twice, as often as the task draws it: kept distinct, the set would run out of
+        the common answers first (count's held-out prompts were 64% zeros, against 36%)."""
+        found, i, last = [], 0, 0
+        while len(found) < n:
             candidate = self.make(derive_seed(self.name, "heldout", i))
             if self.is_held_out(candidate):
-                found.setdefault(candidate.prompt, candidate)
-        if len(found) < n:
-            raise OctlmError(
-                f"task {self.name} gave {len(found)} distinct held-out problems in {tries} "
-                f"draws, fewer than the {n} asked for",
-                f"ask for at most {len(found)}, or use a task with more problems",
-            )
-        return list(found.values())
+                found.append(candidate)
+                last = i
+            elif i - last > MAX_REDRAWS:
+                raise OctlmError(
+                    f"task {self.name} drew no held-out problem in {MAX_REDRAWS} tries",
+                    "use a task with more problems (more digits, a longer list)",
+                )
+            i += 1
+        return found
 
     def correct(self, problem: Problem, reply: str) -> bool:
         return reply.strip() == problem.answer
