@@ -18,6 +18,7 @@ from octlm import __version__
 from octlm.cli.data import add_data_commands
 from octlm.cli.model import add_model_commands, run_parser
 from octlm.cli.rl import add_rl_command, run_rl
+from octlm.cli.tasks import add_task_commands
 from octlm.config.checks import shown, shown_path
 from octlm.config.files import field_docs, load_toml, make_config, sectioned_toml
 from octlm.config.run import DTYPES
@@ -326,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_commands(sub)
     add_model_commands(sub)
     add_rl_command(sub, lambda args: run_rl(args, main))
+    add_task_commands(sub)
     _add_page_commands(sub)
     _add_export_command(sub)
     _add_machine_commands(sub)

@@ -1,1 +1,1 @@
-"""Reinforcement learning on verifiable tasks (`octlm rl`)."""
+"""Reinforcement learning on verifiable tasks: `octlm rl`, after the chat fine-tune."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from octlm.model.gpt import GPT
 from octlm.rl.rollout import HELDOUT, reply_seed, sample_group
-from octlm.rl.tasks import Problem
+from octlm.rl.tasks import Problem, Task
 from octlm.tokenizer.core import Tokenizer
 
 
@@ -44,7 +44,7 @@ class HeldoutScore:
 def count_correct(
     model: GPT,
     tokenizer: Tokenizer,
-    task: object,
+    task: Task,
     problems: Sequence[Problem],
     indices: Sequence[int],
     *,
@@ -89,7 +89,7 @@ def summarise(counts: Sequence[tuple[int, int, float, int]], k: int) -> HeldoutS
 def score_heldout(
     model: GPT,
     tokenizer: Tokenizer,
-    task: object,
+    task: Task,
     *,
     prompts: int,
     k: int,
@@ -102,7 +102,7 @@ def score_heldout(
     gather: Callable[[object], list[object]] | None = None,
 ) -> HeldoutScore:
     """The task's first `prompts` held-out problems, scored (see the module doc)."""
-    problems = task.heldout(prompts)  # type: ignore[attr-defined]
+    problems = task.heldout(prompts)
     mine = range(rank, len(problems), world)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k}
     counts = count_correct(model, tokenizer, task, problems, mine, k=k, seed=seed, **sampling)

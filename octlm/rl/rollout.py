@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from octlm.data.chat_format import USER, reply_prompt_ids, turn_ids
 from octlm.generation.sampling import generate_batch
 from octlm.model.gpt import GPT
-from octlm.rl.tasks import Problem
+from octlm.rl.tasks import Problem, Task
 from octlm.tokenizer.core import Tokenizer
 
 HELDOUT = -1
@@ -75,7 +75,7 @@ def reply_text(tokenizer: Tokenizer, reply: Sequence[int]) -> str:
 def sample_group(
     model: GPT,
     tokenizer: Tokenizer,
-    task: object,
+    task: Task,
     problem: Problem,
     *,
     index: int,
@@ -101,8 +101,8 @@ def sample_group(
         index=index,
         prompt=ids,
         replies=replies,
-        rewards=[float(task.reward(problem, t)) for t in texts],  # type: ignore[attr-defined]
-        correct=[bool(task.correct(problem, t)) for t in texts],  # type: ignore[attr-defined]
+        rewards=[float(task.reward(problem, t)) for t in texts],
+        correct=[bool(task.correct(problem, t)) for t in texts],
         cut=[not r or r[-1] != eos for r in replies],
     )
 

@@ -32,7 +32,7 @@ from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
 from octlm.rl.rollout import prompt_ids
 from octlm.rl.settings import RLConfig
-from octlm.rl.tasks import get_task
+from octlm.rl.tasks import Task, get_task
 from octlm.runlog import git_commit
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
@@ -53,7 +53,7 @@ class RLRun:
     settings: RLConfig
     dist: DistInfo
     device: torch.device
-    task: Any
+    task: Task
     tokenizer: Tokenizer
     model: GPT
     model_config: dict[str, Any]
@@ -86,6 +86,7 @@ class RLRun:
         meta = {
             "kind": KIND,
             "rl": self.settings.to_dict(),
+            "task_version": self.task.version,
             "trajectory": self.settings.trajectory(),
             "fingerprints": self.fingerprints,
             "model_config": self.model_config,
@@ -165,7 +166,7 @@ def _check_source(conf: RLConfig, info: ckpt.CheckpointInfo) -> None:
     check_chat_dataset(run_dataset(info).manifest, conf.source)
 
 
-def check_lengths(conf: RLConfig, task: Any, tokenizer: Tokenizer, context: int) -> None:
+def check_lengths(conf: RLConfig, task: Task, tokenizer: Tokenizer, context: int) -> None:
     """A prompt and its longest reply must fit the model's context: checked on the held-out
     prompts and the first step's, before anything is written."""
     problems = [task.problem(conf.seed, 0, p) for p in range(conf.prompts)]
@@ -296,6 +297,13 @@ def _check_resumable(conf: RLConfig, meta: dict[str, Any]) -> None:
         raise ResumeError(
             f"the RL run in {conf.out} was started with other settings ({'; '.join(changed)})",
             "resume with the run's own settings, or start a new run in another --out",
+        )
+    version = get_task(conf.task).version
+    if meta.get("task_version") != version:
+        raise ResumeError(
+            f"the RL run in {conf.out} drew its problems from {meta.get('task_version')}, this "
+            f"octlm from {version}: the run would not continue on the same problems",
+            "resume with the octlm (or reasoning-gym) the run started with",
         )
     recorded = meta["rl"]["source"]
     if Path(conf.source).resolve() != Path(recorded).resolve():
