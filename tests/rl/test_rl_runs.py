@@ -153,8 +153,8 @@ def test_bad_settings_are_one_line_and_write_nothing(source, tmp_path, extra, me
 def test_a_run_without_the_chat_format_is_refused(tiny_dataset, tmp_path) -> None:
     base = tmp_path / "base"
     octlm("train", "--model", "micro", "--data", str(tiny_dataset), "--out", str(base),
-          "--steps", "1", "--context", "32", "--micro-batch", "2", "--val-every", "0",
-          "--no-progress")  # fmt: skip
+          "--steps", "1", "--warmup", "0", "--context", "32", "--micro-batch", "2",
+          "--val-every", "0", "--no-progress")  # fmt: skip
     proc = octlm("rl", str(base), *RL, "--out", str(tmp_path / "rl"), check=False)
     assert proc.returncode == 1 and "was not trained on a chat dataset" in proc.stderr
     assert not (tmp_path / "rl").exists()
