@@ -13,9 +13,10 @@ import pytest
 from octlm.cli.main import main
 from octlm.config.train import ConfigError, TrainConfig
 from octlm.runlog import RunLog, read_log
+from octlm.trackers.records import hparams
 from octlm.trackers.sinks import Guarded, parse_trackers
 from octlm.trackers.tensorboard_sink import TensorBoardSink
-from tests.trackers_read import expected_scalars, tb_scalars, tb_texts
+from tests.trackers_read import as_float32, expected_scalars, tb_scalars, tb_texts
 
 pytest.importorskip("tensorboard")
 
@@ -96,6 +97,29 @@ def test_log_export_replays_the_same_values(tmp_path, capsys) -> None:
     assert main(["log", "export", str(tmp_path), "--tensorboard", str(tmp_path / "out")]) == 0
     assert "wrote 9 records" in capsys.readouterr().out
     assert tb_scalars(tmp_path / "out") == expected(tmp_path)
+
+
+def test_an_rl_runs_records_reach_tensorboard(tmp_path, capsys) -> None:
+    """`octlm rl`'s log: a header with its settings (`rl`) and no training config, steps with
+    rollout numbers and a hash, val records of pass@K ("@" in the name): every number shown."""
+    log = tb_log(tmp_path)
+    log.open()
+    settings = {"task": "addition", "prompts": 4, "samples": 4, "top_k": None}
+    log.header({"kind": "rl", "rl": settings, "world": 1})
+    for s in range(1, 5):
+        log.write("step", step=s, loss=-0.01 * s, reward=0.25 * s, cut=0.0, reply_len=2.5,
+                  rollout_sha256="ab" * 32, tokens=40 * s)  # fmt: skip
+        if s % 2 == 0:
+            log.write("val", step=s, **{"pass@1": 0.1 * s, "pass@4": 0.2 * s}, heldout_cut=0.0)
+    log.close()
+    assert capsys.readouterr().err == ""  # no tracker switched itself off
+    shown = tb_scalars(tmp_path / "tb")
+    assert shown == expected(tmp_path)
+    assert shown["train/reward"] == [(s, 0.25 * s) for s in range(1, 5)]
+    assert shown["val/pass@1"] == [(2, as_float32(0.2)), (4, as_float32(0.4))]
+    assert {"val/pass@4", "train/cut", "train/reply_len"} <= set(shown)
+    assert '"task": "addition"' in tb_texts(tmp_path / "tb", "header")[0][1]
+    assert hparams({"kind": "rl", "rl": settings})["top_k"] == ""  # the settings, None as ""
 
 
 def test_a_file_where_the_tensorboard_folder_goes_is_one_warning(tmp_path, capsys) -> None:

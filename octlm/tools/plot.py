@@ -3,7 +3,9 @@
 Panels: training and validation loss against tokens with the unigram-entropy baseline dashed
 (what a model that knows only token frequencies scores), the learning rate, the gradient norm
 with the clipping threshold and clipped steps marked, and throughput. A log cut short by a kill
-is drawn up to the cut. matplotlib is optional (`pip install 'octlm[plot]'`): only this command
+is drawn up to the cut. Runs of `octlm rl` alone get their mean reward and held-out pass@1 in
+the first panel instead of the loss (theirs is a policy-gradient surrogate near 0). matplotlib
+is optional (`pip install 'octlm[plot]'`): only this command
 needs it, and without it the command says so in one line.
 """
 
@@ -22,6 +24,8 @@ from octlm.tools.outputs import check_file_out
 
 STEP_KEYS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s")
 VAL_KEYS = ("step", "val_loss")
+RL_STEP_KEYS = (*STEP_KEYS, "reward")
+RL_VAL_KEYS = ("step", "pass@1")
 
 
 @dataclass
@@ -32,8 +36,13 @@ class RunSeries:
     vals: list[dict[str, Any]]
 
     @property
+    def is_rl(self) -> bool:
+        return self.header.get("kind") == "rl"
+
+    @property
     def grad_clip(self) -> float:
-        return float(self.header.get("config", {}).get("grad_clip", 0.0) or 0.0)
+        settings = self.header.get("rl" if self.is_rl else "config", {})
+        return float(settings.get("grad_clip", 0.0) or 0.0)
 
     @property
     def tokens_per_step(self) -> int:
@@ -49,10 +58,13 @@ def load_series(run: str | Path) -> RunSeries:
         return [r for r in records if r["type"] == kind and all(k in r for k in keys)]
 
     headers = [r for r in records if r["type"] == "header"]
-    steps = complete("step", STEP_KEYS)
+    rl = bool(headers) and headers[0].get("kind") == "rl"
+    steps = complete("step", RL_STEP_KEYS if rl else STEP_KEYS)
     if not headers or not steps:
         raise OctlmError(f"{shown_path(folder)} has no training steps logged yet", "train it first")
-    return RunSeries(folder.name, headers[0], steps, complete("val", VAL_KEYS))
+    return RunSeries(
+        folder.name, headers[0], steps, complete("val", RL_VAL_KEYS if rl else VAL_KEYS)
+    )
 
 
 def clipped_points(s: RunSeries) -> list[tuple[int, float]]:
@@ -95,17 +107,34 @@ def pyplot() -> Any:
     return plt
 
 
-def draw_run(axes: Any, s: RunSeries, color: str) -> None:
-    """One run's lines on the four panels (loss, learning rate, gradient norm, throughput)."""
-    ax_loss, ax_lr, ax_norm, ax_speed = axes.flat
+def draw_loss(ax: Any, s: RunSeries, color: str) -> None:
+    """Training loss against tokens, and validation loss where the run logged one."""
     losses = [_num(r["loss"]) for r in s.steps]
     tokens = [r["tokens"] for r in s.steps]
-    ax_loss.plot(tokens, losses, color=color, lw=0.8, alpha=0.6, label=f"{s.name} train")
-    if s.vals:
+    ax.plot(tokens, losses, color=color, lw=0.8, alpha=0.6, label=f"{s.name} train")
+    if s.vals and not s.is_rl:  # an RL run's val records hold pass@k, not a loss
         val_tokens = [v["step"] * s.tokens_per_step for v in s.vals]  # steps done
         val_losses = [_num(v["val_loss"]) for v in s.vals]
         style = {"color": color, "marker": "o", "ms": 3, "lw": 1.5}
-        ax_loss.plot(val_tokens, val_losses, label=f"{s.name} val", **style)
+        ax.plot(val_tokens, val_losses, label=f"{s.name} val", **style)
+
+
+def draw_reward(ax: Any, s: RunSeries, color: str) -> None:
+    """An RL run's mean reward per step, and its held-out pass@1 at each evaluation."""
+    steps = [r["step"] for r in s.steps]
+    rewards = [_num(r["reward"]) for r in s.steps]
+    ax.plot(steps, rewards, color=color, lw=0.8, alpha=0.6, label=f"{s.name} reward")
+    if s.vals:
+        passes = [_num(v["pass@1"]) for v in s.vals]
+        style = {"color": color, "marker": "o", "ms": 3, "lw": 1.5}
+        ax.plot([v["step"] for v in s.vals], passes, label=f"{s.name} held-out pass@1", **style)
+
+
+def draw_run(axes: Any, s: RunSeries, color: str, reward: bool = False) -> None:
+    """One run's lines on the four panels (loss, or with `reward` an RL run's reward, learning
+    rate, gradient norm, throughput)."""
+    ax_loss, ax_lr, ax_norm, ax_speed = axes.flat
+    (draw_reward if reward else draw_loss)(ax_loss, s, color)
     step_ids = [r["step"] for r in s.steps]
     ax_lr.plot(step_ids, [r["lr"] for r in s.steps], color=color, label=s.name)
     norms = [_num(r["grad_norm"]) for r in s.steps]
@@ -131,13 +160,17 @@ def plot_runs(runs: list[str | Path], out: str | Path, unigram: bool = True) -> 
     series = [load_series(r) for r in runs]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     ax_loss, ax_lr, ax_norm, ax_speed = axes.flat
+    reward = all(s.is_rl for s in series)  # RL runs alone: what they learn, not the surrogate
     for i, s in enumerate(series):
-        draw_run(axes, s, color=f"C{i % 10}")
-    baseline = unigram_baseline(series) if unigram else None
+        draw_run(axes, s, color=f"C{i % 10}", reward=reward)
+    baseline = unigram_baseline(series) if unigram and not reward else None
     if baseline is not None:
         label = f"unigram entropy {baseline:.2f} nats"
         ax_loss.axhline(baseline, color="gray", ls="--", lw=1, label=label)
-    ax_loss.set(xlabel="tokens", ylabel="loss (nats/token)", title="loss")
+    if reward:
+        ax_loss.set(xlabel="step", ylabel="mean reward", title="reward (dots: held-out pass@1)")
+    else:
+        ax_loss.set(xlabel="tokens", ylabel="loss (nats/token)", title="loss")
     ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
     ax_norm.set(
         xlabel="step",

@@ -25,6 +25,8 @@ def numbers(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def hparams(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as flat hyperparameters: trackers take numbers, strings and bools, not None."""
+def hparams(header: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings in its header as flat hyperparameters (trackers take numbers, strings
+    and bools, not None): a training run's `config`, an `octlm rl` run's `rl` settings."""
+    config = header["rl"] if header.get("kind") == "rl" else header["config"]
     return {k: ("" if v is None else v) for k, v in config.items()}

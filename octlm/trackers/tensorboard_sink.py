@@ -47,7 +47,7 @@ class TensorBoardSink:
 
         # The config in the HParams dashboard (no metrics: the scalars above are the metrics),
         # the whole header as text beside it. Both at step 0, before any step can be written.
-        for summary in hparams_summaries(hparams(record["config"]), {}):
+        for summary in hparams_summaries(hparams(record), {}):
             self.writer.file_writer.add_summary(summary, 0)
         header = json.dumps(record, indent=1, default=str)
         self.writer.add_text("header", "```\n" + header + "\n```", 0)

@@ -57,7 +57,7 @@ class WandbSink:
     def record(self, record: dict[str, Any]) -> None:
         kind = record["type"]
         if kind == "header":
-            self.run.config.update(hparams(record["config"]), allow_val_change=True)
+            self.run.config.update(hparams(record), allow_val_change=True)
         elif kind in ("step", "val"):
             self.run.log({"step": record["step"], **numbers(record)})
         elif kind in ("event", "end"):

@@ -3,14 +3,13 @@
 Debian's /usr/bin/chromium, driven by Playwright for Python (never a downloaded browser): the
 page draws without console errors or requests, hover read-outs show logged values, the x-axis
 toggle and the playground sliders redraw. Skipped, with the reason, without Chromium or
-Playwright. A screenshot goes to test-artifacts/report.png.
+Playwright (tests/browser/conftest.py). A screenshot goes to test-artifacts/report.png.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,21 +18,10 @@ from types import SimpleNamespace
 import pytest
 
 from octlm.trainer.schedule import learning_rate
+from tests.browser.helpers import ARTIFACTS, embedded, hover, js_number, open_page
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 STEPS, STOP, CLIP = 12, 5, 1.0
 SAMPLE = "ROMEO: But soft </script><b>not bold</b>\nJULIET: & so on"
 
@@ -85,11 +73,6 @@ def report(runs: dict[str, Path], tmp_path_factory) -> Path:
     return out
 
 
-def embedded(html_path: Path) -> dict:
-    html = html_path.read_text(encoding="utf-8")
-    return json.loads(re.search(r'id="octlm-data">(.*?)</script>', html, re.S).group(1))
-
-
 def logged(run: Path, kind: str) -> list[dict]:
     lines = (run / "log.jsonl").read_text(encoding="utf-8").splitlines()
     return [r for r in map(json.loads, lines) if r["type"] == kind]
@@ -104,57 +87,6 @@ def test_report_embeds_the_real_runs(report: Path, runs: dict[str, Path]) -> Non
     assert straight["events"] == [] and straight["samples"] == []
     assert split["end"]["weights_sha256"] == straight["end"]["weights_sha256"]  # exact resume
     assert split["samples"] == [{"source": "samples.txt", "text": SAMPLE}]
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    if not CHROMIUM.exists():
-        pytest.skip(
-            f"{CHROMIUM} is missing (Debian's chromium; `make test` installs it as root): "
-            "the report is not checked in a browser"
-        )
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright (the dev extra) is not installed"
-    )
-    with sync_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")),  # a fresh user-data-dir
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=FLAGS,
-            viewport={"width": 1280, "height": 900},
-        )
-        yield context
-        context.close()
-
-
-def open_page(browser, path: Path) -> SimpleNamespace:
-    """The page at `path`, with its console errors, uncaught exceptions and network requests."""
-    seen = SimpleNamespace(errors=[], requests=[])
-    page = browser.new_page()
-    page.on("console", lambda m: seen.errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda exc: seen.errors.append(str(exc)))
-    page.on("request", lambda r: seen.requests.append(r.url))
-    page.goto(path.as_uri())
-    page.wait_for_load_state("load")
-    seen.page = page
-    return seen
-
-
-def js_number(value: float) -> str:
-    """What the page's fmtValue shows for a loss: 5 significant digits, shortest form."""
-    text = repr(float(f"{value:.5g}"))
-    return text[:-2] if text.endswith(".0") else text
-
-
-def hover(page, selector: str, fraction: float) -> str:
-    """Move the mouse over the chart's plot at `fraction` of its width; the tooltip's text."""
-    page.locator(selector).scroll_into_view_if_needed()  # the mouse moves within the viewport
-    box = page.locator(f"{selector} rect.overlay").bounding_box()
-    page.mouse.move(box["x"] + box["width"] * fraction, box["y"] + box["height"] / 2)
-    tip = page.locator(f"{selector} .tip")
-    tip.wait_for(state="visible")
-    return tip.inner_text()
 
 
 def test_report_draws_every_chart_without_errors(browser, report, runs) -> None:

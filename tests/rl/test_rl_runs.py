@@ -19,11 +19,11 @@ from octlm.rl.tasks import get_task
 from octlm.runlog import read_log
 from octlm.tools.rlverify import numbers
 from tests.e2e.helpers import end_hash, octlm, optimizer_tensors
+from tests.rl.helpers import chat_source
 from tests.shared import shared
 
 pytestmark = pytest.mark.slow
 
-CONTEXT = 64
 RL = ("--task", "addition:1", "--steps", "4", "--prompts", "4", "--samples", "4")
 RL += ("--max-new-tokens", "6", "--eval-every", "2", "--eval-prompts", "8", "--pass-k", "2")
 RL += ("--ckpt-every", "2", "--lr", "3e-4", "--no-progress")
@@ -31,20 +31,7 @@ RL += ("--ckpt-every", "2", "--lr", "3e-4", "--no-progress")
 
 @pytest.fixture(scope="module")
 def source(tiny_tokenizer, tmp_path_factory) -> Path:
-    """A micro model fine-tuned on 1-digit addition conversations (the chat format)."""
-
-    def build(root: Path) -> None:
-        tiny_tokenizer.save(root / "tokenizer.json")
-        chats, tokenizer = str(root / "add.jsonl"), str(root / "tokenizer.json")
-        octlm("rl-data", "--task", "addition:1", "--count", "400", "--out", chats)
-        octlm("prepare", chats, "--format", "chat", "--tokenizer", tokenizer,
-              "--context", str(CONTEXT), "--out", str(root / "data"))  # fmt: skip
-        octlm("train", "--model", "micro", "--data", str(root / "data"), "--out", str(root / "ft"),
-              "--steps", "30", "--warmup", "3", "--lr", "3e-3", "--context", str(CONTEXT),
-              "--micro-batch", "16", "--accum", "1", "--order", "epoch", "--val-every", "0",
-              "--dtype", "fp32", "--no-progress")  # fmt: skip
-
-    return shared(tmp_path_factory, "rl-source", build) / "ft"
+    return chat_source(tiny_tokenizer, tmp_path_factory)
 
 
 def rl(source: Path, out: Path, *extra: str, check: bool = True):

@@ -79,3 +79,24 @@ def write_checkpoint(folder: Path, step: int, moment: float = 1.0) -> Path:
     """A tiny checkpoint in `folder`: one weight and one AdamW moment (`moment` fills it)."""
     tensors = {"model.w": torch.zeros(3), "optim.0.exp_avg": torch.full((3,), moment)}
     return save_checkpoint(folder, step, {"train_state": {"step": step}}, tensors)
+
+
+def write_rl_log(folder: Path) -> Path:
+    """A log as `octlm rl` writes one: its header (`kind` rl, its settings, no config), steps
+    with rollout numbers, and held-out pass@1 and pass@4 (pass@16 at the last: a later K)."""
+    log = RunLog(folder)
+    log.open()
+    settings = {"task": "addition", "source": "ft", "prompts": 4, "samples": 4, "steps": 4}
+    settings |= {"max_new_tokens": 8, "pass_k": 4, "grad_clip": 0.5, "lr": 1e-4}
+    source = {"path": "ft/checkpoints/step_000030.safetensors", "step": 30}
+    model = {"n_layers": 2, "d_model": 64}
+    log.header({"kind": "rl", "rl": settings, "model_config": model, "source": source, "world": 2})
+    for s in range(1, 5):
+        rollout = {"reward": 0.1 * s, "correct": 0.25, "cut": float("nan") if s == 3 else 0.0}
+        log.write("step", step=s, loss=-0.01, lr=1e-4, grad_norm=1.0, **rollout, reply_len=2.5,
+                  tokens=40 * s, tok_per_s=100.0)  # fmt: skip
+        if s % 2 == 0:
+            passes = {"pass@1": 0.2 * s, "pass@4": 0.3 * s} | ({"pass@16": 1.0} if s == 4 else {})
+            log.write("val", step=s, **passes, heldout_reward=0.5, heldout_cut=0.0)
+    log.close()
+    return folder

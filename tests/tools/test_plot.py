@@ -12,8 +12,22 @@ import pytest
 
 from octlm.cli.main import main
 from octlm.errors import OctlmError
-from octlm.tools.plot import clipped_points, load_series, plot_runs, pyplot, unigram_baseline
-from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
+from octlm.tools.plot import (
+    clipped_points,
+    draw_run,
+    load_series,
+    plot_runs,
+    pyplot,
+    unigram_baseline,
+)
+from tests.tools.helpers import (
+    CUT_LINE,
+    GARBAGE_LINE,
+    append_line,
+    insert_line,
+    write_log,
+    write_rl_log,
+)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +152,25 @@ def test_a_damaged_log_is_plotted_as_far_as_it_is_readable(tmp_path: Path) -> No
     png = plot_runs([run / "log.jsonl"], tmp_path / "cut.png")  # the log file names it too
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pyplot().close("all")
+
+
+def test_an_rl_run_is_plotted_with_its_reward_and_held_out_pass_at_1(tmp_path: Path) -> None:
+    """`octlm rl`'s log: its val records hold pass@K, not val_loss; its clipping is its own.
+    Alone, its first panel is the reward; beside a training run, both losses."""
+    plt = pyplot()
+    rl = load_series(write_rl_log(tmp_path / "rl"))
+    assert rl.is_rl and rl.grad_clip == 0.5
+    assert [r["step"] for r in rl.steps] == [1, 2, 3, 4] and [v["step"] for v in rl.vals] == [2, 4]
+    fig, axes = plt.subplots(2, 2)
+    draw_run(axes, rl, "C0", reward=True)
+    reward, passes = axes.flat[0].get_lines()
+    assert list(reward.get_ydata()) == [r["reward"] for r in rl.steps]
+    assert list(passes.get_xdata()) == [2, 4] and list(passes.get_ydata()) == [0.4, 0.8]
+    plt.close(fig)
+    for runs in ([tmp_path / "rl"], [tmp_path / "rl", write_log(tmp_path / "train")]):
+        png = plot_runs(runs, tmp_path / f"{len(runs)}.png")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plt.close("all")
 
 
 def test_a_log_without_steps_is_one_error_line(tmp_path: Path, capsys) -> None:

@@ -19,11 +19,13 @@ import pytest
 from octlm.cli.main import main
 from octlm.config.files import load_toml
 from octlm.config.train import TrainConfig
+from octlm.rl.run import KIND
 from octlm.runlog import RunLog
 from octlm.tools.report import report as page
 from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets
-from octlm.tools.report.runs import chance_of, load_run, load_runs
+from octlm.tools.report.runs import RL_KIND, chance_of, load_run, load_runs
 from octlm.trainer.schedule import learning_rate
+from tests.tools.helpers import write_rl_log
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULE_JS = REPO / "octlm" / "tools" / "report" / "assets" / "schedule.js"
@@ -380,3 +382,23 @@ def test_standard_suites_are_collected_per_validation_and_at_the_latest(tmp_path
     assert chance_of(0.5, -0.3157894736842105) == 0.62 and chance_of(1.0, 1.0) is None
     plain = load_run(write_run(tmp_path / "b"))  # no suite fields: nothing new on the page
     assert plain["suites"] == [] and plain["suite_centered"] == plain["suite_bpb"] == {}
+
+
+def test_an_rl_run_has_its_settings_rollouts_and_pass_at_k_not_training_settings(
+    tmp_path: Path,
+) -> None:
+    assert RL_KIND == KIND  # the report does not import torch to read it
+    data = load_run(write_rl_log(tmp_path / "rl"))
+    rl = data["rl"]
+    assert rl["settings"]["task"] == "addition" and rl["source"]["step"] == 30 and rl["world"] == 2
+    assert rl["steps"]["reward"] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert rl["steps"]["cut"] == [0.0, 0.0, None, 0.0]  # NaN: a gap
+    assert list(rl["pass_at"]) == ["pass@1", "pass@4", "pass@16"]  # K ascending, not as text
+    assert rl["pass_at"]["pass@16"] == [None, 1.0]
+    assert rl["val"]["heldout_reward"] == [0.5, 0.5]
+    assert data["val"]["tokens"] == [80, 160]  # the sampled tokens by then
+    assert data["config"] == {} and data["config_sections"] == {}  # no empty training shape
+    assert data["grad_clip"] == 0.5  # the RL run's own clipping
+    names = [p["name"] for p in page.page_data([data], "t")["presets"]]
+    assert not any(n.startswith("run: ") for n in names)  # its linear lr is no preset
+    assert load_run(write_run(tmp_path / "train"))["rl"] is None

@@ -27,7 +27,7 @@ from octlm.tools.report.runs import is_merge, load_merge, load_runs
 
 # Inlined in this order, one <script> each: later files use the earlier ones' functions.
 PAGE_SUFFIXES = (".html", ".htm")
-SCRIPTS = ("schedule.js", "charts.js", "runs.js", "suites.js", "playground.js", "main.js")
+SCRIPTS = ("schedule.js", "charts.js", "runs.js", "suites.js", "rl.js", "playground.js", "main.js")
 _JSON_ESCAPES = {
     "<": "\\u003c",
     ">": "\\u003e",
@@ -70,10 +70,10 @@ def render_page(data: dict[str, Any], title: str) -> str:
 def page_data(
     runs: list[dict[str, Any]], title: str, merges: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    presets = [
+    presets = [  # an RL run's learning rate (linear to 0) is not a training schedule
         {"name": f"run: {r['name']}", "source": r["path"], **schedule}
         for r in runs
-        if (schedule := schedule_of(r.get("config") or {})) is not None
+        if r.get("rl") is None and (schedule := schedule_of(r.get("config") or {})) is not None
     ]
     shipped = schedule_presets() or [  # only if the shipped configs were deleted or all broken
         {"name": "defaults", "source": "TrainConfig", **schedule_defaults()}

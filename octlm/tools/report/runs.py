@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,11 @@ STEP_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s", "mfu")
 VAL_FIELDS = ("step", "val_loss", "val_ppl", "val_bpb")
 METRICS = ("acc", "centered", "bpb")
 """A standard-suite task's val fields, `METRIC/SUITE/TASK` (evaluate/tasks.py `task_fields`)."""
+RL_KIND = "rl"
+"""The header `kind` of an `octlm rl` run (octlm/rl/run.py's KIND, which a test holds equal)."""
+RL_STEP_FIELDS = ("reward", "correct", "cut", "reply_len")
+"""An RL step's rollout numbers (its `loss` is the policy-gradient surrogate)."""
+RL_VAL_FIELDS = ("heldout_reward", "heldout_cut", "heldout_prompts")
 HEADER_FIELDS = (
     "config",
     "model_config",
@@ -79,7 +85,9 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     suite_names = _suite_names(vals)
     config = header.get("config") if isinstance(header.get("config"), dict) else {}
     folder = path.parent
-    resolved = _resolved(config, header.get("model_config"))
+    rl = _rl(header, steps, vals)
+    # An RL run has no training config: its settings are its own (`rl`), shown apart.
+    resolved = _resolved(config, header.get("model_config")) if rl is None else {}
     return {
         "name": name or folder.name,
         "path": str(folder.resolve()),
@@ -87,7 +95,7 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "config": resolved,
         # The settings table's groups: by section, the keys that do not apply left out.
         "config_sections": sectioned(resolved),
-        "grad_clip": number(config.get("grad_clip")) or 0,
+        "grad_clip": number((config if rl is None else rl["settings"]).get("grad_clip")) or 0,
         "steps": {k: [number(r.get(k)) for r in steps] for k in STEP_FIELDS},
         "skipped": [r.get("step") for r in steps if r.get("skipped")],
         "val": val,
@@ -96,6 +104,7 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
         "suite_centered": _suite_column(vals, "centered", suite_names),
         "suite_bpb": _suite_column(vals, "bpb", suite_names),
         "suites": [latest_suite(vals, n) for n in suite_names],
+        "rl": rl,
         "events": [_event(r) for r in by_type.get("event", [])],
         "end": (by_type.get("end") or [None])[-1],
         "samples": _samples(folder, by_type.get("sample", [])),
@@ -107,6 +116,33 @@ def _named(vals: list[dict[str, Any]], prefix: str) -> dict[str, list[float | in
     """{NAME: that field per val record} for every `PREFIX/NAME` field of the records."""
     names = sorted({k.split("/", 1)[1] for r in vals for k in r if k.startswith(prefix + "/")})
     return {n: [number(r.get(f"{prefix}/{n}")) for r in vals] for n in names}
+
+
+def _rl(
+    header: dict[str, Any], steps: list[dict[str, Any]], vals: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """An `octlm rl` run's own: its settings (task, P prompts, G samples, ...), the source it
+    started from, the optimizer it took over, its steps' rollout columns, and its val records'
+    held-out columns with pass@K for each K scored. None for a training run."""
+    if header.get("kind") != RL_KIND:
+        return None
+    parts = {k: header.get(k) for k in ("rl", "source", "optim")}
+    settings, source, optim = (v if isinstance(v, dict) else {} for v in parts.values())
+    return {
+        "settings": settings,
+        "source": source,
+        "optim": optim,
+        "world": header.get("world"),
+        "steps": {k: [number(r.get(k)) for r in steps] for k in RL_STEP_FIELDS},
+        "val": {k: [number(r.get(k)) for r in vals] for k in RL_VAL_FIELDS},
+        "pass_at": _pass_at(vals),
+    }
+
+
+def _pass_at(vals: list[dict[str, Any]]) -> dict[str, list[float | int | None]]:
+    """{"pass@K": that field per val record} for every K the records score, K ascending."""
+    keys = {k for r in vals for k in r if re.fullmatch(r"pass@[0-9]+", k)}
+    return {k: [number(r.get(k)) for r in vals] for k in sorted(keys, key=lambda k: int(k[5:]))}
 
 
 def _suite_names(vals: list[dict[str, Any]]) -> list[str]:

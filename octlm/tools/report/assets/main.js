@@ -14,6 +14,7 @@
   if (n) {
     setupRuns(data.runs);
     setupSuites(data.runs);
+    setupRL(data.runs);
   } else {
     document.getElementById("runs").remove();
   }

@@ -41,13 +41,20 @@ function lastFinite(ys) {
   return null;
 }
 
+// The tokens logged by step `step` (an RL run's sampled tokens, which vary step to step).
+function tokensAt(run, step) {
+  const k = run.steps.step.indexOf(step);
+  return k < 0 ? null : run.steps.tokens[k];
+}
+
 // Resume and stop events as vertical rules; `step` in an event is the number of steps done.
 function eventLines(runs, xkey) {
   const lines = [];
   runs.forEach((run, i) => {
     for (const e of run.events) {
       if (e.event !== "resume" && e.event !== "stop") continue;
-      const x = xkey === "step" ? e.step : e.step * (run.tokens_per_step || 0);
+      const x = xkey === "step" ? e.step : run.rl ? tokensAt(run, e.step)
+        : e.step * (run.tokens_per_step || 0);
       const who = runs.length > 1 ? ` (${run.name})` : "";
       lines.push({ x, color: runColor(i), label: e.event + who });
     }
@@ -154,7 +161,7 @@ function swatch(i) {
 }
 
 function runStatus(run) {
-  const total = run.config && run.config.steps;
+  const total = run.rl ? run.rl.settings.steps : run.config && run.config.steps;
   if (run.end) return "finished";
   const stop = run.events.filter((e) => e.event === "stop").pop();
   const done = run.steps.step.length;
@@ -167,7 +174,7 @@ function drawSummary(runs) {
     const bestVal = run.val.val_loss.filter((v) => v !== null).reduce((a, b) => Math.min(a, b), Infinity);
     const resumes = run.events.filter((e) => e.event === "resume").length;
     return h("tr", {},
-      h("td", {}, swatch(i), " ", run.name),
+      h("td", {}, swatch(i), " ", run.name, run.rl ? h("span", { class: "muted" }, " (RL)") : null),
       h("td", {}, runStatus(run)),
       h("td", { class: "num" }, fmtValue(run.steps.step.length)),
       h("td", { class: "num" }, fmtValue(lastFinite(run.steps.tokens))),
