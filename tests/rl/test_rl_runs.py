@@ -111,10 +111,11 @@ def test_a_steps_replies_equal_the_uncached_models(source) -> None:
 
 
 def folder_digest(folder: Path) -> dict[str, str]:
+    """Every file's digest but the lock's (which holds the pid of whoever opened the run)."""
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != ".lock"
     }
 
 
