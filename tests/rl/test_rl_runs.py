@@ -159,6 +159,8 @@ def test_a_resume_with_other_settings_is_refused_and_changes_nothing(
     proc = rl(source, out, "--resume", "--lr", "1e-3", check=False)
     assert proc.returncode == 1 and "lr: 0.0003 -> 0.001" in proc.stderr
     assert folder_digest(out) == before
-    train = octlm("train", "--resume", "--out", str(out), "--model", "micro", check=False)
+    train = octlm(
+        "train", "--resume", "--out", str(out), "--model", "micro", "--context", "64", check=False
+    )
     assert train.returncode == 1 and "RL run" in train.stderr
     assert folder_digest(out) == before
