@@ -1,0 +1,32 @@
+"""docs/rl.md's walk-through runs as written, by bash, in an empty folder, with `octlm` meaning
+this checkout's interpreter; only its step counts are set small."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from octlm.runlog import read_log
+from tests.doc_blocks import run_block, section_blocks, shim, shim_env
+
+pytestmark = pytest.mark.slow
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "rl.md"
+
+
+def test_the_walkthrough_runs(tmp_path) -> None:
+    blocks = section_blocks(DOC, "A complete run, on CPU")
+    assert len(blocks) == 1
+    work = tmp_path / "work"
+    work.mkdir()
+    bin_dir = shim(tmp_path, "octlm", python=True)
+    env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", RL_STEPS="3")
+    result = run_block(blocks[0], work, env)
+    records = read_log(work / "runs" / "rl")
+    assert records[0]["kind"] == "rl" and records[0]["rl"]["task"] == "sorting:2"
+    assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3]
+    assert [r["step"] for r in records if r["type"] == "val"] == [3]
+    scored = [line for line in result.stdout.splitlines() if "task sorting:2: pass@1" in line]
+    assert len(scored) == 2 and "runs/sort/" in scored[0] and "runs/rl/" in scored[1]
+    assert (work / "rl.html").is_file()
