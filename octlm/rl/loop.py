@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import signal
 import sys
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
@@ -45,8 +48,6 @@ class RLResult:
 
 def rl(cfg: RLConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> RLResult:
     """Run `cfg` in this process (one of several under `--nproc`)."""
-    import os
-
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise OctlmError(f"--out {out} is a file", "name a folder for the RL run (new or its own)")
@@ -228,13 +229,29 @@ def one_step(run: RLRun, log: RunLog, say: Any) -> None:
     )
 
 
+def progress_bar(run: RLRun, shown: bool) -> tqdm:
+    """The progress bar (rank 0; on a terminal unless --progress/--no-progress says)."""
+    flag = run.settings.progress
+    return tqdm(
+        total=run.settings.steps,
+        initial=run.step,
+        desc="rl",
+        unit="step",
+        dynamic_ncols=True,
+        disable=(None if flag is None else not flag) if shown else True,
+    )
+
+
 def _loop(run: RLRun, log: RunLog, say: Any, hard_exit: bool) -> RLResult:
     cfg = run.settings
     end = cfg.stop_at if cfg.stop_at is not None else cfg.steps
     stopping, signum, score = False, 0, None
-    with StopFlag(hard_exit) as stop:
+    with StopFlag(hard_exit) as stop, progress_bar(run, log.enabled) as bar:
+        if not bar.disable:  # the step lines go above the bar
+            say = lambda text, **_: bar.write(text, file=sys.stderr)  # noqa: E731
         while run.step < end and not stopping:
             one_step(run, log, say)
+            bar.update(1)
             last = run.step == cfg.steps
             if last or (cfg.eval_every and run.step % cfg.eval_every == 0):
                 score = heldout(run)

@@ -77,6 +77,7 @@ class RLConfig:
     resume: bool = False
     log_to: str | None = None
     progress: bool | None = None
+    """A progress bar (default: on a terminal)."""
     device: str = "auto"
     dist_timeout: float = 1800.0
 
