@@ -52,6 +52,10 @@ TRAIN_FLAGS = {
     "ckpt_every_negative": (["--ckpt-every", "-1"], "ckpt_every=-1 must be an integer from 0"),
     "keep_last_huge": (["--keep-last", HUGE], f"keep_last={HUGE} must be an integer from 1"),
     "hash_every_negative": (["--hash-every", "-1"], "hash_every=-1 must be an integer from 0"),
+    "eval_tasks_every_off_the_validations": (
+        ["--val-every", "20", "--eval-tasks-every", "30"],
+        "eval_tasks_every=30 is not a multiple of val_every=20; tasks are scored at validations",
+    ),
     "overfit_blocks_huge": (["--overfit-blocks", HUGE], "overfit_blocks=1000000000000000000000"),
     "stop_at_zero": (["--stop-at", "0"], "stop_at=0 must be an integer from 1"),
     "warmup_huge": (["--warmup", HUGE], f"warmup={HUGE} must be an integer from 0"),

@@ -161,3 +161,32 @@ def test_the_step_profile_splits_a_trace_by_its_labels() -> None:
     assert abs(table["no_op"] - 0.02) < 1e-12 and table["window"] == 0.1
     assert table["items_per_step"] == {"no label": 1}
     assert table["top"] == [("aten::item [no label]", 0.005, 1)]
+
+
+def test_the_task_share_counts_each_schedules_scorings() -> None:
+    """bench/task_share.py on made-up times (step 1 s, validation 2 s, scoring 10 s): 100 steps
+    validated every 50 score twice by default, once with eval_tasks_every 0; the least interval
+    keeping the share at 5% is the first multiple of 50 at or over 190 / 1.04 steps."""
+    from bench.task_share import least_interval, occasions, task_share
+
+    times = (1.0, 2.0, 10.0)
+    assert [occasions(100, e) for e in (50, 30, 0, 100, 200)] == [2, 4, 1, 1, 1]
+    assert task_share(100, 50, None, times) == 20 / (100 + 4 + 20)
+    assert task_share(100, 50, 0, times) == 10 / (100 + 4 + 10)
+    assert task_share(400, 50, 200, times) == 20 / (400 + 16 + 20)
+    assert least_interval(50, times, 0.05) == 200
+    every = least_interval(50, times, 0.05)
+    assert task_share(every, 50, every, times) <= 0.05 < task_share(150, 50, 150, times)
+
+
+@pytest.mark.slow
+def test_the_task_share_bench_runs_in_a_quick_mode(tiny_dataset, tmp_path, capsys) -> None:
+    """One round on the tiny model, one item per core-lite task: the table and the interval."""
+    pytest.importorskip("pyarrow", reason="the suites read the package's Arrow files")
+    from bench.task_share import main
+
+    args = ["--config", "tiny", "--data", str(tiny_dataset), "--context", "32", "--rounds", "1"]
+    main([*args, "--steps-per-round", "1", "--tasks", "core-lite:1", "--every", "100"])
+    out = capsys.readouterr().out
+    assert "tiny: 14 tasks, 14 items (core-lite:1)" in out and "round 0: step " in out
+    assert "| 200 steps, tasks every 100 | 200 | 2 |" in out and "least interval" in out

@@ -192,11 +192,27 @@ class EvalSettings:
     """Multiple-choice task files, FILE[:N],... (their first N questions), scored at every
     validation: acc and acc_norm per task in the log, as lm-eval scores them (docs/
     evaluation.md)."""
+    eval_tasks_every: int | None = setting(None, checks.Int(0))
+    """Score eval_tasks every N steps (a multiple of val_every: the scores go in that
+    validation's record) and at the last step; default: at every validation; 0: only at the
+    last step (nanochat's core_metric_every)."""
 
     def __post_init__(self) -> None:
         check_section(self)
         if self.eval_tasks is not None:  # the files are read when the run is built
             task_specs("eval_tasks", self.eval_tasks)
+        every, val = self.eval_tasks_every, self.val_every
+        require(
+            not every or (val > 0 and every % val == 0),
+            f"eval_tasks_every={every} is not a multiple of val_every={val}",
+            "tasks are scored at validations: give a multiple of val_every, or 0 (the last step "
+            "only)",
+        )
+
+    @property
+    def task_interval(self) -> int:
+        """Steps between eval_tasks scorings (0: only the last step's, which always scores)."""
+        return self.val_every if self.eval_tasks_every is None else self.eval_tasks_every
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -139,6 +139,7 @@ KEY_ORDER = (
     "log_to",
     "reduction",
     "deterministic_parts",
+    "eval_tasks_every",
 )
 if set(KEY_ORDER) != set(SECTION_OF) or len(KEY_ORDER) != len(SECTION_OF):
     raise TypeError(f"KEY_ORDER and the sections differ: {set(KEY_ORDER) ^ set(SECTION_OF)}")

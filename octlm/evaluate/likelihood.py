@@ -46,7 +46,8 @@ def continuations(
     continuation - 1 tokens fit `context` positions), in batches of BATCH rows padded on the
     right (a causal model's earlier positions never see the padding). The rows are batched
     longest first, as lm-eval does, so a batch pads little; the order depends on the pairs
-    alone, so the same pairs give the same numbers."""
+    alone, so the same pairs give the same numbers. Only the scored positions' logits go
+    through the log-softmax and back to the host."""
     if not pairs:
         return []
     order = sorted(range(len(pairs)), key=lambda i: (-len(pairs[i][0]) - len(pairs[i][1]), i))
@@ -71,13 +72,20 @@ def _batched(
         x = torch.zeros((len(rows), width), dtype=torch.long)
         for r, (ids, _) in enumerate(rows):
             x[r, : len(ids) - 1] = torch.tensor(ids[:-1])
-        logp = F.log_softmax(model(x.to(device)).float(), dim=-1).cpu()
-        for r, (ids, n) in enumerate(rows):
-            targets = torch.tensor(ids[-n:])
-            positions = torch.arange(len(ids) - 1 - n, len(ids) - 1)
-            scored = logp[r, positions]
-            greedy = bool((scored.argmax(dim=-1) == targets).all())
-            out.append(Continuation(float(scored[torch.arange(n), targets].sum()), n, greedy))
+        logits = model(x.to(device))  # (B, width, V)
+        # A position's log-softmax reads its own logits only: over the scored positions alone
+        # it gives the bits it gives over the whole (B, width, V) batch, without the work.
+        at_row = torch.tensor([r for r, (_, n) in enumerate(rows) for _ in range(n)])
+        at_col = torch.tensor([p for ids, n in rows for p in range(len(ids) - 1 - n, len(ids) - 1)])
+        targets = torch.tensor([t for ids, n in rows for t in ids[len(ids) - n :]]).to(device)
+        logp = F.log_softmax(logits[at_row.to(device), at_col.to(device)].float(), dim=-1)
+        picked = logp.gather(1, targets[:, None])[:, 0].cpu()  # (N,): each target's log-prob
+        hits = (logp.argmax(dim=-1) == targets).cpu()
+        start = 0
+        for _, n in rows:  # a row's sum over its own tokens, on the host as before
+            end = start + n
+            out.append(Continuation(float(picked[start:end].sum()), n, bool(hits[start:end].all())))
+            start = end
     return out
 
 

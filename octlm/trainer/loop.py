@@ -245,8 +245,12 @@ class Progress:
 
 
 def task_scores(run: Run) -> dict[str, AnyScore]:
-    """--eval-tasks at a validation: every rank scores every question (under FSDP the sharded
-    module must run on all ranks in lockstep; under DDP the plain module, the same numbers)."""
+    """--eval-tasks at a validation every eval_tasks_every steps and at the last step (none at
+    the others): every rank scores every question (under FSDP the sharded module must run on
+    all ranks in lockstep; under DDP the plain module, the same numbers)."""
+    step = run.state.step
+    if step != run.cfg.lr_schedule.steps and not due(run.cfg.evaluation.task_interval, step):
+        return {}
     fsdp = run.dist.enabled and run.cfg.hardware.parallel == "fsdp"
     model = run.setup.forward if fsdp else run.model
     context = run.model_config.context

@@ -104,11 +104,11 @@ SHIPPED_TREE = {
 }
 """The same configs as new runs take them today: `reduction = "tree"` in the fingerprint."""
 DEFAULT_DICT_SHA256 = "7728d64b2fef103a6c57794fa2790ae75321d908c7e6c7bec76a929c46ce7ea2"
-"""sha256 of `json.dumps(TrainConfig().to_dict())` before `reduction` and `deterministic_parts`
-were appended: its values
+"""sha256 of `json.dumps(TrainConfig().to_dict())` before `reduction`, `deterministic_parts`
+and `eval_tasks_every` were appended: its values
 and its key order, the bytes a checkpoint's metadata and a log header hold (JSON objects keep
 their insertion order)."""
-DEFAULT_DICT_NOW_SHA256 = "eba80ad737e83f918292260142dc756951778806a887f577f945ea4e148b5ad0"
+DEFAULT_DICT_NOW_SHA256 = "d63b2fed8de2a02e4809839ed9fe3074c06a0068ad193826bc1e3160d2815ed3"
 
 
 def test_every_shipped_config_is_pinned() -> None:
@@ -145,8 +145,9 @@ def test_the_flat_config_keeps_its_bytes() -> None:
     flat = TrainConfig().to_dict()
     raw = json.dumps(flat).encode()
     assert hashlib.sha256(raw).hexdigest() == DEFAULT_DICT_NOW_SHA256
-    assert list(flat)[-2:] == ["reduction", "deterministic_parts"]
-    assert flat.pop("deterministic_parts") is None and flat.pop("reduction") is None
+    assert list(flat)[-3:] == ["reduction", "deterministic_parts", "eval_tasks_every"]
+    assert flat.pop("eval_tasks_every") is None and flat.pop("deterministic_parts") is None
+    assert flat.pop("reduction") is None
     assert hashlib.sha256(json.dumps(flat).encode()).hexdigest() == DEFAULT_DICT_SHA256
 
 

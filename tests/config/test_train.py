@@ -35,6 +35,7 @@ NOT_TRAJECTORY = {
     "peak_tflops",
     "hash_every",
     "hash_tensors",
+    "eval_tasks_every",
 }
 TRAJECTORY = {
     "model",
@@ -139,6 +140,9 @@ def test_hash_tensors_is_logging_and_must_be_a_bool(tmp_path: Path, capsys) -> N
         ({"steps": 10, "warmup": 2, "stop_at": 0}, "stop_at"),
         ({"steps": 10, "warmup": 11}, "warmup"),
         ({"keep_last": 0}, "keep_last"),
+        ({"eval_tasks_every": -1}, "eval_tasks_every"),
+        ({"val_every": 20, "eval_tasks_every": 30}, "not a multiple of val_every=20"),
+        ({"val_every": 0, "eval_tasks_every": 20}, "not a multiple of val_every=0"),
     ],
 )
 def test_bad_values_are_config_errors(changes: dict, word: str) -> None:
@@ -234,8 +238,18 @@ def test_fingerprint_changes_with_lr_but_not_with_val_every() -> None:
         ("peak_tflops", 100.0),
         ("keep_ckpts", True),
         ("data", "/tmp/data"),
+        ("eval_tasks_every", 100),
     ]:
         assert base.replace(**{key: value}).fingerprint_for(1) == base.fingerprint_for(1), key
+
+
+def test_tasks_are_scored_at_every_validation_unless_told_otherwise() -> None:
+    """eval_tasks_every: unset, the validation interval; 0, none before the last step."""
+    cfg = TrainConfig(val_every=25)
+    assert cfg.evaluation.task_interval == 25
+    assert cfg.replace(eval_tasks_every=100).evaluation.task_interval == 100
+    assert cfg.replace(eval_tasks_every=0).evaluation.task_interval == 0
+    assert cfg.replace(val_every=0, eval_tasks_every=0).evaluation.task_interval == 0
 
 
 def test_changed_keys_names_what_differs() -> None:
