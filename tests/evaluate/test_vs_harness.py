@@ -97,6 +97,10 @@ LLAMA_TASKS = (  # the 0-shot ones: a short second run
 SPACED = "+space"
 TOLERANCE = 1e-4
 """Per option, |harness log-likelihood - octlm's| in nats (fp32, CPU; measured 3e-5)."""
+RELATIVE = 2e-6
+"""Plus this share of the log-likelihood's size: two float32 implementations of a long row
+differ by a rounding that grows with it (1.2e-4 nats on a hellaswag option under
+ATEN_CPU_CAPABILITY=avx2, 6e-5 with AVX-512)."""
 INSTALL = "`make test` installs it"
 
 
@@ -330,7 +334,11 @@ def check(case: Case, spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
         assert [tuple(a) for a in sample["arguments"]] == item.pairs()  # octlm's very strings
         lls = [float(ll) for ll, _ in sample["filtered_resps"]]
         assert [bool(g) for _, g in sample["filtered_resps"]] == [c.greedy for c in ours]
-        worst = max(worst, *(abs(a - b.loglik) for a, b in zip(lls, ours, strict=True)))
+        worst = max(
+            worst,
+            *(abs(a - b.loglik) / (1 + RELATIVE / TOLERANCE * abs(b.loglik))
+              for a, b in zip(lls, ours, strict=True)),
+        )  # fmt: skip
         if kind == "mc":
             per_char = [ll / len(c) for ll, c in zip(lls, item.continuations, strict=True)]
             picks = (argmax(lls), argmax(per_char))
