@@ -9,10 +9,7 @@ could vary); the update (`update.py`) folds the prompts' gradients in the fixed 
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import shutil
 import signal
 import sys
 import time
@@ -33,7 +30,7 @@ from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, barrier, gather_objects, shutdown
-from octlm.trainer.guards import TOKEN_NAME, RunLock, StopFlag, has_run
+from octlm.trainer.guards import StopFlag, claimed_folder, has_run
 from octlm.trainer.loop import due
 
 
@@ -51,7 +48,6 @@ def rl(cfg: RLConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> R
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise OctlmError(f"--out {out} is a file", "name a folder for the RL run (new or its own)")
-    main = int(os.environ.get("RANK", "0")) == 0
     if out.is_dir() and has_run(out) and not (out / MARKER).exists():
         raise OctlmError(
             f"{out} holds a training run, not an RL run",
@@ -62,29 +58,11 @@ def rl(cfg: RLConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> R
             f"{out} already holds an RL run",
             "pass --resume to continue it, or choose another --out",
         )
-    created = main and not out.exists()
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(out) if main else None
-    before = {p.name for p in out.iterdir()} if main else set()
     try:
-        with lock or contextlib.nullcontext():
-            try:
-                return _rl_locked(cfg, out, log_enabled and main, hard_exit)
-            except BaseException:
-                if lock is not None and _wrote_nothing(out, before):
-                    lock.discard()
-                raise
-    except BaseException:
-        if created and _wrote_nothing(out, set()):
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+        with claimed_folder(out) as main:
+            return _rl_locked(cfg, out, log_enabled and main, hard_exit)
     finally:
         shutdown()
-
-
-def _wrote_nothing(out: Path, before: set[str]) -> bool:
-    return {p.name for p in out.iterdir()} - before <= {".lock", TOKEN_NAME}
 
 
 def _rl_locked(cfg: RLConfig, out: Path, log_enabled: bool, hard_exit: bool) -> RLResult:

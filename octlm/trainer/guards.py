@@ -9,14 +9,17 @@ in one line instead."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +158,33 @@ class StopFlag:
         self.requested, self.signum = signal.Signals(signum).name, signum
         self._at = time.monotonic()
         print(f"\n{self.requested}: finishing this step, then checkpointing", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def claimed_folder(out: Path) -> Iterator[bool]:
+    """`out` made and locked by rank 0 (under torchrun; the only process otherwise) for the
+    run's life; yields whether this process is that one. A run that fails before writing
+    anything leaves no lock file behind, and a folder it made, nothing at all."""
+    main = int(os.environ.get("RANK", "0")) == 0
+    created = main and not out.exists()
+    if main:  # another rank making its own folder would hide a node that cannot see this one
+        out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out) if main else None
+    before = {p.name for p in out.iterdir()} if main else set()
+    try:
+        with lock or contextlib.nullcontext():
+            try:
+                yield main
+            except BaseException:
+                if lock is not None and wrote_nothing(out, before):
+                    lock.discard()  # refused before it wrote anything: no lock file left
+                raise
+    except BaseException:
+        if created and wrote_nothing(out, set()):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def wrote_nothing(out: Path, before: set[str]) -> bool:
+    """Whether `out` holds nothing beyond `before` but the lock and the ranks' token."""
+    return {p.name for p in out.iterdir()} - before <= {".lock", TOKEN_NAME}

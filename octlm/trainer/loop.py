@@ -7,9 +7,6 @@ run stopped anywhere and resumed in a new process ends with the same bits as a s
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import signal
 import sys
 import time
@@ -31,7 +28,7 @@ from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, peer_failure, shutdown
-from octlm.trainer.guards import TOKEN_NAME, RunLock, StopFlag, has_run
+from octlm.trainer.guards import StopFlag, claimed_folder, has_run
 from octlm.trainer.inputs import packing_line
 from octlm.trainer.profile import StepProfile, check_memory_snapshot
 from octlm.trainer.run import Run, build_run, resume
@@ -59,32 +56,11 @@ def train(
     out = Path(cfg.run.out)
     if out.exists() and not out.is_dir():
         raise OctlmError(f"--out {out} is a file", "name a folder for the run (new or its own)")
-    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 owns the folder
-    created = main and not out.exists()
-    if main:  # another rank making its own folder would hide a node that cannot see this one
-        out.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(out) if main else None
-    before = {p.name for p in out.iterdir()} if main else set()
     try:
-        with lock or contextlib.nullcontext():
-            try:
-                return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
-            except BaseException:
-                if lock is not None and _wrote_nothing(out, before):
-                    lock.discard()  # refused before it wrote anything: no lock file left
-                raise
-    except BaseException:
-        # A run that failed before writing anything leaves no empty folder behind.
-        if created and _wrote_nothing(out, set()):
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+        with claimed_folder(out) as main:  # under torchrun, rank 0 owns the folder
+            return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
     finally:
         shutdown()
-
-
-def _wrote_nothing(out: Path, before: set[str]) -> bool:
-    """Whether `out` holds nothing beyond `before` but the lock and the ranks' token."""
-    return {p.name for p in out.iterdir()} - before <= {".lock", TOKEN_NAME}
 
 
 def _train_locked(
