@@ -28,12 +28,15 @@ __version__ = "0.1.0"
 # `octlm --help`, which import this package first, must start without it.
 _PUBLIC = {
     "TrainConfig": "octlm.config.train",
+    "RLConfig": "octlm.config.rl",
     "train": "octlm.api",
+    "train_rl": "octlm.api",
     "load": "octlm.api",
     "generate": "octlm.api",
     "chat": "octlm.api",
     "read_log": "octlm.runlog",
     "RunResult": "octlm.api",
+    "RLResult": "octlm.rl.loop",
     "LoadedRun": "octlm.api",
 }
 __all__ = ["__version__", *_PUBLIC]

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from octlm.config import checks
-from octlm.config.files import make_config
+from octlm.config.files import make_config, make_rl_config
+from octlm.config.rl import RLConfig
 from octlm.config.train import TrainConfig
 from octlm.data.chat_format import check_chat_dataset
 from octlm.data.shards import load_manifest
@@ -22,6 +23,8 @@ from octlm.generation.prompts import check_prompts, check_turns
 from octlm.generation.sampling import SEEDS, check_sampling, generate_texts
 from octlm.generation.trained import load_model, run_tokenizer
 from octlm.model.gpt import GPT
+from octlm.rl.loop import RLResult
+from octlm.rl.loop import rl as rl_run
 from octlm.runlog import read_log
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer.loop import train as train_run
@@ -62,15 +65,7 @@ def train(config: TrainConfig | str | Path, **overrides: Any) -> RunResult:
     Ctrl-C (a notebook's interrupt) finishes the step, checkpoints and returns with
     `stopped_early`; a second one raises KeyboardInterrupt. The signal handlers are put back
     afterwards, and a run started off the main thread installs none."""
-    if not isinstance(config, TrainConfig | str | os.PathLike):
-        raise OctlmError(
-            f"config={checks.shown(config)} is not a TrainConfig, a TOML path or a shipped name",
-            "pass octlm.TrainConfig(...), a path such as 'run.toml', or a name such as 'tiny'",
-        )
-    if isinstance(config, TrainConfig):
-        cfg = config.replace(**overrides)
-    else:
-        cfg = make_config(config, **overrides)
+    cfg = _settings(config, overrides, TrainConfig, "a shipped name such as 'tiny'")
     done = train_run(cfg)
     vals = [r for r in read_log(cfg.run.out) if r.get("type") == "val"]
     return RunResult(
@@ -81,6 +76,30 @@ def train(config: TrainConfig | str | Path, **overrides: Any) -> RunResult:
         last_loss=done.last_loss,
         val_loss=vals[-1]["val_loss"] if vals else None,
     )
+
+
+def train_rl(config: RLConfig | str | Path, **overrides: Any) -> RLResult:
+    """Run reinforcement learning in this process, as `octlm rl` does, and return how it ended.
+
+    `config` is an RLConfig, or a TOML file of `octlm rl`'s keys (what `octlm rl
+    --print-config` writes); `overrides` are its keys (`source="runs/ft", task="addition",
+    out="runs/rl", steps=20`), as flags are. Interrupts behave as in `train`."""
+    cfg = _settings(config, overrides, RLConfig, "'rl.toml' (octlm rl --print-config)")
+    return rl_run(cfg)
+
+
+def _settings(config: Any, overrides: dict[str, Any], kind: type, example: str) -> Any:
+    """`config` (a `kind`, or a TOML path or shipped name) with `overrides` over it, checked."""
+    name = kind.__name__
+    if not isinstance(config, kind | str | os.PathLike):
+        raise OctlmError(
+            f"config={checks.shown(config)} is not a {name}, a TOML path or a shipped name",
+            f"pass octlm.{name}(...), a path such as 'run.toml', or {example}",
+        )
+    if isinstance(config, kind):
+        return config.replace(**overrides)
+    make = make_config if kind is TrainConfig else make_rl_config
+    return make(config, **overrides)
 
 
 def load(run: str | Path, device: str = "cpu", data: str | Path | None = None) -> LoadedRun:

@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,20 @@ from typing import Any
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
 from octlm.cli.data import add_data_commands
+from octlm.cli.flags import add_config_flags, given_values
 from octlm.cli.model import add_model_commands, run_parser
 from octlm.cli.rl import add_rl_command, run_rl
 from octlm.cli.tasks import add_task_commands
 from octlm.config.checks import shown, shown_path
-from octlm.config.files import field_docs, load_toml, make_config, sectioned_toml
+from octlm.config.files import (
+    field_docs,
+    load_toml,
+    make_config,
+    make_rl_config,
+    sectioned_toml,
+    settings_command,
+)
+from octlm.config.rl import RLConfig
 from octlm.config.run import DTYPES
 from octlm.config.train import SECTIONS, TrainConfig, config_keys
 from octlm.errors import OctlmError, RankError, one_line
@@ -44,35 +52,17 @@ from octlm.trainer.launch import (
     restart_resumes,
 )
 
-_FLAG_TYPES = {"int": int, "float": float, "str": str}
 SHARED_ERROR_GRACE_S = 3.0
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig key, grouped by its section in `--help`; defaults stay None so
-    the TOML value wins unless given. TrainConfig checks the values (one line each); only dtype
-    names are argparse choices."""
-    docs = field_docs()
-    parser.add_argument("--config", help="TOML file with the same keys as these flags")
-    for name, section in SECTIONS.items():
-        about = (section.__doc__ or "").split("\n\n")[0].replace("\n    ", " ")
-        group = parser.add_argument_group(f"{name} settings", about)
-        for f in fields(section):
-            if not f.init:  # derived from the keys (a --data mixture's parts), not a flag
-                continue
-            flag, kind = "--" + f.name.replace("_", "-"), str(f.type).replace(" | None", "")
-            default = f" (default: {f.default})" if f.default is not None else ""
-            about_key = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
-            kw: dict[str, Any] = {"default": None, "help": about_key + default}
-            if kind == "bool":
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-            else:
-                choices = DTYPES if f.name == "dtype" else None
-                group.add_argument(flag, type=_FLAG_TYPES[kind], choices=choices, **kw)
+    """One flag per TrainConfig key, grouped by its section in `--help`; only dtype names are
+    argparse choices."""
+    add_config_flags(parser, SECTIONS, field_docs(), choices={"dtype": DTYPES})
 
 
 def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {key: getattr(args, key) for key in config_keys() if key not in skip}
+    return given_values(args, [key for key in config_keys() if key not in skip])
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -127,12 +117,29 @@ def _cmd_verify_resume(args: argparse.Namespace) -> int:
             "drop --resume and --stop-at; use --split K",
         )
     workdir = Path(args.workdir) if args.workdir else None
-    cfg, echo = _config_from_args(args), partial(print, file=sys.stderr)
-    check_preset(cfg, args.model)  # its runs see the preset in their config file: it yields
-    cfg = with_digests(cfg, _given(args, "hash_tensors"), _given(args, "hash_every"))
+    echo = partial(print, file=sys.stderr)
+    if args.config is not None and settings_command(args.config) == "octlm rl":
+        cfg: TrainConfig | RLConfig = _rl_settings_only(args)
+    else:
+        cfg = _config_from_args(args)
+        check_preset(cfg, args.model)  # its runs see the preset in their config file: it yields
+        cfg = with_digests(cfg, _given(args, "hash_tensors"), _given(args, "hash_every"))
     summaries, kept = verify_resume(cfg, args.split, keep=args.keep, workdir=workdir, echo=echo)
     print("\n".join(format_result(summaries, kept)))
     return 0 if all(s.identical for s in summaries) else 1
+
+
+def _rl_settings_only(args: argparse.Namespace) -> RLConfig:
+    """An RL run's settings file (`octlm rl --print-config`), verified as it stands: training's
+    flags do not apply to it."""
+    given = [key for key in config_keys() if getattr(args, key) is not None]
+    if given:
+        raise OctlmError(
+            f"{shown_path(args.config)} holds octlm rl's settings; --{given[0].replace('_', '-')} "
+            "is octlm train's",
+            "put the RL settings in the file, or add --verify-split K to the octlm rl command",
+        )
+    return make_rl_config(args.config)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:

@@ -211,18 +211,17 @@ def _score_tasks(args: argparse.Namespace, model: Any, info: Any, tasks: list) -
 
 def _score_rl_task(args: argparse.Namespace) -> int:
     """`--task`: the held-out pass@1 and pass@k, as `octlm rl` logs them with its defaults."""
+    from octlm.config.rl import RLConfig
     from octlm.data.chat_format import check_chat_dataset
     from octlm.generation.trained import load_model, run_dataset, run_tokenizer
     from octlm.rl.heldout import score_heldout
     from octlm.rl.run import check_lengths
-    from octlm.rl.settings import RLConfig
     from octlm.rl.tasks import get_task
 
     task = get_task(args.task)
     settings = RLConfig(  # the same checks (one line each) as octlm rl's flags
         source=args.run,
         task=args.task,
-        out="",
         eval_prompts=args.task_prompts,
         pass_k=args.pass_k,
         max_new_tokens=args.max_new_tokens,

@@ -13,6 +13,9 @@ from typing import Any
 
 from octlm.config import checks
 from octlm.config.inputs import MAX_WEIGHT, MIN_WEIGHT, WEIGHT_RULE
+from octlm.config.rl import KEY_ORDER as RL_KEYS
+from octlm.config.rl import SECTIONS as RL_SECTIONS
+from octlm.config.rl import RLConfig
 from octlm.config.rules import UNKNOWN_KEY_FIX, section_docs, unknown_keys_problem
 from octlm.config.train import SECTIONS, ConfigError, TrainConfig, config_keys
 
@@ -42,10 +45,13 @@ def config_path(name_or_path: str | Path) -> Path:
     )
 
 
-def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(train keys, [sweep] table) of a TOML file or shipped config; unknown keys are errors.
-    The [sweep] table (`grid = {key = [values]}`, `sets = [{...}, ...]`, `repeats`) is read
-    only with `sweep`; the sweep checks it (`octlm.tools.sweep_plan.sweep_table`)."""
+def read_toml(
+    path: str | Path, *, sweep: bool = False, command: str = "octlm train"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(keys, [sweep] table) of a TOML file or shipped config of `command`'s keys (`octlm
+    train`'s or `octlm rl`'s); unknown keys are errors. The [sweep] table (`grid = {key =
+    [values]}`, `sets = [{...}, ...]`, `repeats`) is read only with `sweep`; the sweep checks it
+    (`octlm.tools.sweep_plan.sweep_table`)."""
     path = config_path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -53,10 +59,20 @@ def read_toml(path: str | Path, *, sweep: bool = False) -> tuple[dict[str, Any],
         shown = checks.shown_path(path)
         raise ConfigError(f"{shown} is not valid TOML ({exc})", "fix the file") from None
     table = data.pop("sweep", {}) if sweep else {}  # checked by octlm.tools.sweep_plan
-    _check_keys(path, data)
-    if isinstance(data.get("data"), dict):  # a [data] table of PATH = WEIGHT: a mixture
-        data["data"] = mixture_spec(path, data["data"])
+    _check_keys(path, data, command)
+    if command == "octlm train" and isinstance(data.get("data"), dict):
+        data["data"] = mixture_spec(path, data["data"])  # a [data] table of PATH = WEIGHT
     return data, table
+
+
+def settings_command(path: str | Path) -> str:
+    """Whose settings a TOML file holds: "octlm rl" when it names a `task` (a key only RL has,
+    and one every RL settings file holds), else "octlm train"."""
+    try:
+        data = tomllib.loads(config_path(path).read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return "octlm train"  # read_toml says what is wrong with it
+    return "octlm rl" if "task" in data else "octlm train"
 
 
 def mixture_spec(path: Path, table: dict[str, Any]) -> str:
@@ -80,16 +96,18 @@ def mixture_spec(path: Path, table: dict[str, Any]) -> str:
     return ",".join(f"{name}:{weight}" for name, weight in table.items())
 
 
-def _check_keys(path: Path, data: dict[str, Any]) -> None:
+def _check_keys(path: Path, data: dict[str, Any], command: str) -> None:
     """Unknown keys are errors; one no key is near (long, or with unprintable characters) is
     quoted short and not matched against the known ones (difflib on a 5,000-character key takes
     a second)."""
-    odd = sorted(k for k in set(data) - set(config_keys()) if checks.shown(k) != repr(k))
+    known = config_keys() if command == "octlm train" else list(RL_KEYS)
+    odd = sorted(k for k in set(data) - set(known) if checks.shown(k) != repr(k))
     if odd:
         raise ConfigError(
-            f"{checks.shown_path(path)}: unknown key {checks.shown(odd[0])}", UNKNOWN_KEY_FIX
+            f"{checks.shown_path(path)}: unknown key {checks.shown(odd[0])}",
+            UNKNOWN_KEY_FIX.format(command=command),
         )
-    problem = unknown_keys_problem(data, config_keys())
+    problem = unknown_keys_problem(data, known, command)
     if problem is not None:
         raise ConfigError(f"{checks.shown_path(path)}: {problem[0]}", problem[1])
 
@@ -122,6 +140,15 @@ def make_config(toml_path: str | Path | None = None, **overrides: Any) -> TrainC
     return TrainConfig(**values)  # one line per bad key, type or value
 
 
+def make_rl_config(toml_path: str | Path | None = None, **overrides: Any) -> RLConfig:
+    """`make_config` for `octlm rl`: its TOML keys < overrides (flags), None meaning not given."""
+    values: dict[str, Any] = {}
+    if toml_path is not None:
+        values = read_toml(toml_path, command="octlm rl")[0]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return RLConfig(**values)
+
+
 def field_docs() -> dict[str, str]:
     """Each TrainConfig key's docstring (the string under its field), for `--help`: a copy, so
     a caller may change it."""
@@ -136,7 +163,16 @@ def _field_docs() -> dict[str, str]:
     return {key: docs[key] for key in config_keys() if key in docs}  # not a derived field's
 
 
-def sectioned_toml(cfg: TrainConfig) -> str:
+@functools.cache
+def rl_field_docs() -> dict[str, str]:
+    """Each RLConfig key's docstring; a key RL shares with training and documents no otherwise
+    has training's (one name, one meaning)."""
+    own = {key: doc for cls in RL_SECTIONS.values() for key, doc in section_docs(cls).items()}
+    shared = _field_docs()
+    return {key: own.get(key) or shared.get(key, "") for key in RL_KEYS}
+
+
+def sectioned_toml(cfg: TrainConfig | RLConfig) -> str:
     """`cfg` as a flat TOML document (what `--config` reads back to the same config), its keys
     grouped under a comment per section, keys that do not apply to this run left out (they
     hold their defaults: `train.applicable`)."""

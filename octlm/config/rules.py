@@ -20,7 +20,7 @@ from octlm.config import checks
 from octlm.errors import OctlmError
 
 CHANGE_IT = "change it on the command line or in --config"
-UNKNOWN_KEY_FIX = "see `octlm train --help` for the keys (flags with - replaced by _)"
+UNKNOWN_KEY_FIX = "see `{command} --help` for the keys (flags with - replaced by _)"
 Rule = checks.Int | checks.Number | checks.Bool | checks.Text
 
 
@@ -47,6 +47,31 @@ def new_trajectory(default: Any, rule: Rule | None = None) -> Any:
 def setting(default: Any, rule: Rule | None = None) -> Any:
     """Where files go, how often to look, when to stop: changes not a single computed bit."""
     return field(default=default, metadata={"trajectory": False, "rule": rule})
+
+
+def fill_sections(
+    config: Any,
+    args: tuple[Any, ...],
+    keys: dict[str, Any],
+    sections: dict[str, type],
+    order: tuple[str, ...],
+    command: str,
+) -> None:
+    """Build each section of `config` (a frozen `TrainConfig` or `RLConfig`) from its flat keys,
+    after refusing positional values and unknown keys: the one constructor both share."""
+    name = type(config).__name__
+    if args:
+        raise ConfigError(
+            f"{name} takes its settings by name, not {len(args)} positional value(s)",
+            f"write {name}(key=value, ...): see `{command} --help` for the keys",
+        )
+    problem = unknown_keys_problem(keys, list(order), command)
+    if problem is not None:
+        raise ConfigError(*problem)
+    owner = {f.name: section for section, cls in sections.items() for f in dataclasses.fields(cls)}
+    for section, cls in sections.items():
+        part = {k: v for k, v in keys.items() if owner[k] == section}
+        object.__setattr__(config, section, cls(**part))
 
 
 def field_rule(f: dataclasses.Field) -> Rule:
@@ -105,12 +130,15 @@ def section_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def unknown_keys_problem(names: Any, known: list[str]) -> tuple[str, str] | None:
+def unknown_keys_problem(
+    names: Any, known: list[str], command: str = "octlm train"
+) -> tuple[str, str] | None:
     """(problem, fix) naming the keys of `names` that are not in `known` (with the nearest known
-    name when a key looks like a misspelling); None when every key is known."""
+    name when a key looks like a misspelling); None when every key is known. `command`: whose
+    keys they are (its --help lists them)."""
     unknown = sorted(set(names) - set(known))
     if not unknown:
         return None
     near = [m[0] for k in unknown if (m := difflib.get_close_matches(k, known, n=1))]
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
-    return f"unknown key(s) {', '.join(unknown)}{hint}", UNKNOWN_KEY_FIX
+    return f"unknown key(s) {', '.join(unknown)}{hint}", UNKNOWN_KEY_FIX.format(command=command)

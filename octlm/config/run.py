@@ -138,11 +138,9 @@ class HardwareSettings:
             f"reduction {checks.shown(self.reduction)} is unknown",
             "use tree or collective",
         )
-        require(
-            re.fullmatch(DEVICE_PATTERN, self.device) is not None,
-            f"device {checks.shown(self.device)} is unknown",
-            "use cpu, cuda, cuda:N, mps or auto",
-        )
+        problem = device_problem(self.device)
+        if problem is not None:
+            raise ConfigError(*problem)
 
     @property
     def determinism_parts(self) -> tuple[str, ...]:
@@ -276,12 +274,27 @@ class ObserveSettings:
 
     def __post_init__(self) -> None:
         check_section(self)
-        for name in (self.log_to or "").split(","):
-            require(
-                name.strip() in TRACKERS + ("",),
+        problem = trackers_problem(self.log_to)
+        if problem is not None:
+            raise ConfigError(*problem)
+
+
+def device_problem(device: str) -> tuple[str, str] | None:
+    """Why `device` names no device octlm can resolve (training's and RL's one wording)."""
+    if re.fullmatch(DEVICE_PATTERN, device) is not None:
+        return None
+    return f"device {checks.shown(device)} is unknown", "use cpu, cuda, cuda:N, mps or auto"
+
+
+def trackers_problem(log_to: str | None) -> tuple[str, str] | None:
+    """Why `log_to` names a tracker octlm does not have (training's and RL's one wording)."""
+    for name in (log_to or "").split(","):
+        if name.strip() not in (*TRACKERS, ""):
+            return (
                 f"log_to names an unknown tracker {checks.shown(name.strip())}",
                 f"use a comma-separated list of {', '.join(TRACKERS)}",
             )
+    return None
 
 
 RULES = {

@@ -39,7 +39,7 @@ from octlm.config.learning import (
     fused_or_default,
 )
 from octlm.config.learning import RULES as LEARNING_RULES
-from octlm.config.rules import ConfigError, require, unknown_keys_problem
+from octlm.config.rules import ConfigError, fill_sections, require
 from octlm.config.run import RULES as RUN_RULES
 from octlm.config.run import (
     EvalSettings,
@@ -168,17 +168,7 @@ class TrainConfig:
     observe: ObserveSettings
 
     def __init__(self, *args: Any, **keys: Any) -> None:
-        if args:
-            raise ConfigError(
-                f"TrainConfig takes its settings by name, not {len(args)} positional value(s)",
-                "write TrainConfig(model='tiny', steps=50, ...)",
-            )
-        problem = unknown_keys_problem(keys, list(KEY_ORDER))
-        if problem is not None:
-            raise ConfigError(*problem)
-        for name, cls in SECTIONS.items():
-            part = {k: v for k, v in keys.items() if SECTION_OF[k] == name}
-            object.__setattr__(self, name, cls(**part))
+        fill_sections(self, args, keys, SECTIONS, KEY_ORDER, "octlm train")
         self._check_together()
 
     def __getattr__(self, name: str) -> Any:

@@ -19,12 +19,12 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from octlm.config.rl import NO_OUT, RLConfig
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
 from octlm.rl.heldout import HeldoutScore, score_heldout
 from octlm.rl.rollout import Group, reply_seed, rollout_sha256, sample_group
 from octlm.rl.run import MARKER, RLRun, build
-from octlm.rl.settings import RLConfig
 from octlm.rl.update import learning_rate, policy_update
 from octlm.runlog import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
@@ -45,7 +45,9 @@ class RLResult:
 
 def rl(cfg: RLConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> RLResult:
     """Run `cfg` in this process (one of several under `--nproc`)."""
-    out = Path(cfg.out)
+    if cfg.run.out is None:
+        raise OctlmError(*NO_OUT)
+    out = Path(cfg.run.out)
     if out.exists() and not out.is_dir():
         raise OctlmError(f"--out {out} is a file", "name a folder for the RL run (new or its own)")
     if out.is_dir() and has_run(out) and not (out / MARKER).exists():

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from octlm.config.learning import OptimSettings
+from octlm.config.rl import RLConfig
 from octlm.config.shape import ModelConfig
 from octlm.config.train import TrainConfig
 from octlm.data.chat_format import check_chat_dataset
@@ -31,7 +32,6 @@ from octlm.generation.trained import load_weights, run_dataset
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
 from octlm.rl.rollout import prompt_ids
-from octlm.rl.settings import RLConfig
 from octlm.rl.tasks import Task, get_task
 from octlm.runlog import git_commit
 from octlm.tokenizer.core import Tokenizer

@@ -1,10 +1,13 @@
-"""`octlm verify-resume`: prove exact resume on the user's own config, model and machine.
+"""`octlm verify-resume` (and `octlm rl --verify-split`): prove exact resume on the user's own
+settings, model and machine, for a training run or an RL run.
 
 One straight run of N steps and, for each split K, a run stopped at K and resumed, each in its
-own process. A split run is `identical` when its final weights hash, its AdamW state hash and
-every loss and gradient norm after K equal the straight run's. Its runs log per-tensor digests
-after every step unless asked not to (`with_digests`): a split that parts then names the first
-step and tensor that differ, as `octlm diff` does (about 0.2% of a step on `tiny`).
+own process (`octlm train` or `octlm rl` on the same settings file). A split run is `identical`
+when its final weights hash, its optimizer state hash and every loss and gradient norm after K
+equal the straight run's; an RL run's every other step and held-out number too (rewards, the
+rollouts' hash, pass@k: all but the timings). Training runs log per-tensor digests after every
+step unless asked not to (`with_digests`): a split that parts then names the first step and
+tensor that differ, as `octlm diff` does (about 0.2% of a step on `tiny`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octlm.config.rl import RLConfig
 from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
@@ -36,10 +40,32 @@ class RunSummary:
     identical: bool
 
 
-def _train(config: Path, out: Path, *flags: str) -> None:
-    error = subrun.train(config, out, *flags)
+RL_TIMINGS = ("dt", "rollout_s", "update_s", "tok_per_s", "elapsed")
+"""An RL step record's wall-clock fields: never part of the bits."""
+
+
+def _run(cfg: TrainConfig | RLConfig, config: Path, out: Path, *flags: str) -> None:
+    if isinstance(cfg, RLConfig):
+        what, error = "RL run", subrun.launch("rl", config, out, *flags)
+    else:
+        what, error = "training run", subrun.train(config, out, *flags)
     if error is not None:
-        raise OctlmError(f"training run {out.name} failed: {error}", "fix the config and rerun")
+        raise OctlmError(f"{what} {out.name} failed: {error}", "fix the settings and rerun")
+
+
+def rl_numbers(records: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each RL step's and held-out score's record without its timings, by (type, step)."""
+    return {
+        (r["type"], r["step"]): {k: v for k, v in r.items() if k not in RL_TIMINGS}
+        for r in records
+        if r.get("type") in ("step", "val")
+    }
+
+
+def _rl_parting(ref: list[dict[str, Any]], run: list[dict[str, Any]]) -> int | None:
+    """The first step whose RL numbers differ (None: none do)."""
+    a, b = rl_numbers(ref), rl_numbers(run)
+    return min((key[1] for key in set(a) | set(b) if a.get(key) != b.get(key)), default=None)
 
 
 def _summarise(run: Path) -> tuple[str, str, list[dict[str, Any]]]:
@@ -60,23 +86,24 @@ def with_digests(cfg: TrainConfig, tensors_given: bool, every_given: bool) -> Tr
     return cfg.replace(hash_tensors=True, hash_every=cfg.observe.hash_every if every_given else 1)
 
 
-def _check_splits(cfg: TrainConfig, splits: list[int]) -> None:
-    bad = [k for k in splits if not 0 < k < cfg.lr_schedule.steps]
+def _check_splits(steps: int, splits: list[int]) -> None:
+    bad = [k for k in splits if not 0 < k < steps]
     if bad or not splits:
         raise OctlmError(
-            f"split(s) {bad or splits} must lie strictly between 0 and "
-            f"steps={cfg.lr_schedule.steps}",
+            f"split(s) {bad or splits} must lie strictly between 0 and steps={steps}",
             "pass --split K with 0 < K < --steps",
         )
 
 
 def _compare(
-    name: str, k: int, ref: RunSummary, run: Path, ref_records: list[dict[str, Any]]
+    k: int, ref: RunSummary, run: Path, ref_records: list[dict[str, Any]], rl: bool
 ) -> RunSummary:
     w, o, records = _summarise(run)
     after = [r for r in records if r["type"] == "step" and r.get("step", -1) > k]  # k+1 on
     result = diff_runs(ref_records, records)
+    parted = _rl_parting(ref_records, records) if rl else None
     same = w == ref.weights_sha256 and o == ref.optimizer_sha256 and result.first is None
+    same = same and parted is None
     if same:
         verdict = "identical"
     elif result.tensors is not None:
@@ -86,13 +113,15 @@ def _compare(
             f"differs from step {result.first.step} "
             f"(largest |loss diff| {result.max_loss_diff:.3e})"
         )
+    elif parted is not None:
+        verdict = f"differs from step {parted} (its rewards, rollouts or held-out score)"
     else:
         verdict = "differs: final weights or optimizer state"
-    return RunSummary(name, k, w, o, len(after), verdict, same)
+    return RunSummary(f"split@{k}", k, w, o, len(after), verdict, same)
 
 
 def verify_resume(
-    cfg: TrainConfig,
+    cfg: TrainConfig | RLConfig,
     splits: list[int],
     *,
     keep: bool = False,
@@ -100,20 +129,23 @@ def verify_resume(
     echo: Callable[[str], None] = print,
 ) -> tuple[list[RunSummary], Path | None]:
     """Run and compare; returns the summaries (straight first) and the kept folder, if any."""
-    _check_splits(cfg, splits)
+    rl = isinstance(cfg, RLConfig)
+    steps = cfg.policy.steps if isinstance(cfg, RLConfig) else cfg.lr_schedule.steps
+    _check_splits(steps, splits)
     root = Path(tempfile.mkdtemp(prefix="octlm-verify-", dir=workdir))
+    kind = "RL run" if rl else "run"
     try:
         config = subrun.write_config(cfg, root / "config.toml")
-        echo(f"straight run of {cfg.lr_schedule.steps} steps ...")
-        _train(config, root / "straight")
+        echo(f"straight {kind} of {steps} steps ...")
+        _run(cfg, config, root / "straight")
         ref_w, ref_o, ref_records = _summarise(root / "straight")
         summaries = [RunSummary("straight", None, ref_w, ref_o, 0, "reference", True)]
         for k in sorted(set(splits)):
-            echo(f"run stopped at {k} and resumed ...")
+            echo(f"{kind} stopped at {k} and resumed ...")
             out = root / f"split-{k}"
-            _train(config, out, "--stop-at", str(k))
-            _train(config, out, "--resume")
-            summaries.append(_compare(f"split@{k}", k, summaries[0], out, ref_records))
+            _run(cfg, config, out, "--stop-at", str(k))
+            _run(cfg, config, out, "--resume")
+            summaries.append(_compare(k, summaries[0], out, ref_records, rl))
     except BaseException:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from octlm.rl.settings import RLConfig
+from octlm.config.rl import RLConfig
 
 SOURCE = {
     "path": "/runs/ft/ckpt.safetensors",
@@ -72,11 +72,31 @@ PINNED = {
         "adb3ce5913433b7bc9f63c8f420a206fd2cf5d0c457f4d40267a0dc2c36042c9",
     ),
 }
-RECORDED_KEYS = (
-    "source task out prompts samples max_new_tokens temperature top_k steps lr grad_clip seed "
-    "eval_every eval_prompts pass_k ckpt_every keep_last stop_at resume log_to progress device "
-    "dist_timeout"
-).split()
+RECORDED_KEYS = [
+    "source",
+    "task",
+    "out",
+    "prompts",
+    "samples",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "steps",
+    "lr",
+    "grad_clip",
+    "seed",
+    "eval_every",
+    "eval_prompts",
+    "pass_k",
+    "ckpt_every",
+    "keep_last",
+    "stop_at",
+    "resume",
+    "log_to",
+    "progress",
+    "device",
+    "dist_timeout",
+]
 
 
 def _sha(value: object) -> str:

@@ -12,6 +12,10 @@ from tests.e2e.helpers import octlm
 from tests.shared import shared
 
 CONTEXT = 64
+RL = ("--task", "addition:1", "--steps", "4", "--prompts", "4", "--samples", "4")
+RL += ("--max-new-tokens", "6", "--eval-every", "2", "--eval-prompts", "8", "--pass-k", "2")
+RL += ("--ckpt-every", "2", "--lr", "3e-4", "--no-progress")
+"""The tests' RL run: 4 steps of 4 prompts x 4 replies, held-out scores at 2 and 4."""
 
 
 def chat_source(tiny_tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:

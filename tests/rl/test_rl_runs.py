@@ -17,16 +17,12 @@ from octlm.generation.trained import load_model, run_tokenizer
 from octlm.rl.rollout import prompt_ids, reply_seed, sample_group
 from octlm.rl.tasks import get_task
 from octlm.runlog import read_log
-from octlm.tools.rlverify import numbers
+from octlm.tools.verify import rl_numbers
 from tests.e2e.helpers import end_hash, octlm, optimizer_tensors
-from tests.rl.helpers import chat_source
+from tests.rl.helpers import RL, chat_source
 from tests.shared import shared
 
 pytestmark = pytest.mark.slow
-
-RL = ("--task", "addition:1", "--steps", "4", "--prompts", "4", "--samples", "4")
-RL += ("--max-new-tokens", "6", "--eval-every", "2", "--eval-prompts", "8", "--pass-k", "2")
-RL += ("--ckpt-every", "2", "--lr", "3e-4", "--no-progress")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +41,7 @@ def straight(source, tmp_path_factory) -> Path:
 
 def assert_same_rl_run(run: Path, ref: Path) -> None:
     assert end_hash(run) == end_hash(ref)
-    assert numbers(read_log(run)) == numbers(read_log(ref))
+    assert rl_numbers(read_log(run)) == rl_numbers(read_log(ref))
     a, b = optimizer_tensors(run), optimizer_tensors(ref)
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
@@ -123,11 +119,11 @@ def folder_digest(folder: Path) -> dict[str, str]:
     ("extra", "message"),
     [
         (("--task", "nope"), "unknown task"),
-        (("--samples", "0"), "--samples 0 must be an integer from 1"),
-        (("--prompts", "0"), "--prompts 0 must be an integer from 1"),
+        (("--samples", "0"), "samples=0 must be an integer from 1"),
+        (("--prompts", "0"), "prompts=0 must be an integer from 1"),
         (("--max-new-tokens", "500"), "runs past the model's context of 64"),
         (("--nproc", "3"), "3 processes cannot share 4 prompts"),
-        (("--temperature", "nan"), "--temperature nan must be a finite number"),
+        (("--temperature", "nan"), "temperature=nan must be a number in (0, 100]"),
     ],
 )
 def test_bad_settings_are_one_line_and_write_nothing(source, tmp_path, extra, message) -> None:

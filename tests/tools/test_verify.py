@@ -119,7 +119,7 @@ def test_kept_runs_are_named(cfg, tmp_path, monkeypatch) -> None:
         ({"finish": False}, "run split-2 did not finish; see its log.jsonl (use --keep)"),
         (
             {"fail": "octlm: error: boom; fix it"},
-            "training run straight failed: octlm: error: boom; fix it; fix the config and rerun",
+            "training run straight failed: octlm: error: boom; fix it; fix the settings and rerun",
         ),
     ],
     ids=["unfinished", "failed"],
