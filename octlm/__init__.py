@@ -32,7 +32,7 @@ _PUBLIC = {
     "load": "octlm.api",
     "generate": "octlm.api",
     "chat": "octlm.api",
-    "read_log": "octlm.runlog",
+    "read_log": "octlm.runlog.reader",
     "RunResult": "octlm.api",
     "LoadedRun": "octlm.api",
 }

@@ -22,7 +22,7 @@ from octlm.generation.prompts import check_prompts, check_turns
 from octlm.generation.sampling import SEEDS, check_sampling, generate_texts
 from octlm.generation.trained import load_model, run_tokenizer
 from octlm.model.gpt import GPT
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer.loop import train as train_run
 

@@ -18,7 +18,7 @@ from typing import Any
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
 from octlm.rl.settings import RLConfig
-from octlm.runlog import LOG_NAME, read_log
+from octlm.runlog.reader import LOG_NAME, read_log
 from octlm.tools.subrun import last_line
 from octlm.tools.verify import RunSummary
 from octlm.trainer import checkpoint as ckpt
