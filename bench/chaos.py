@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from octlm.config.files import make_config
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tools import subrun
 
 

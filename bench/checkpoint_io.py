@@ -53,7 +53,7 @@ from octlm.config.train import TrainConfig
 from octlm.fsutil import fsync_path
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.loop import advance, train
 from octlm.trainer.run import Run, build_run

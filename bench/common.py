@@ -61,7 +61,7 @@ def optimizer_for(model: Any, cfg: TrainConfig) -> Any:
 def step_times_and_memory(cfg: TrainConfig) -> tuple[list[float], float | None]:
     """Seconds per step (gaps between the log's `elapsed`, warm-up dropped) and the largest
     `mem_mb` of the run's steps (on CUDA the step's peak allocated memory)."""
-    from octlm.runlog import read_log
+    from octlm.runlog.reader import read_log
     from octlm.trainer.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -58,7 +58,7 @@ import torch
 from octlm.config.shape import preset
 from octlm.config.train import TrainConfig
 from octlm.model.gpt import GPT
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tools.peak import measure_peak, store_peak
 from octlm.trainer.loop import train
 

@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 from octlm.config.files import make_config
-from octlm.runlog import RunLog, read_log
+from octlm.runlog.reader import read_log
+from octlm.runlog.writer import RunLog
 from octlm.tools import subrun
 from octlm.trainer.loop import train
 from octlm.trainer.run import build_run, resume

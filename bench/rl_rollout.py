@@ -26,7 +26,7 @@ from octlm.config.shape import PRESETS, preset
 from octlm.generation.sampling import generate, generate_batch
 from octlm.model.gpt import GPT
 from octlm.rl.rollout import reply_seed
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 
 PROMPT_LEN = 24
 

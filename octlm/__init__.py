@@ -34,7 +34,7 @@ _PUBLIC = {
     "load": "octlm.api",
     "generate": "octlm.api",
     "chat": "octlm.api",
-    "read_log": "octlm.runlog",
+    "read_log": "octlm.runlog.reader",
     "RunResult": "octlm.api",
     "RLResult": "octlm.rl.loop",
     "LoadedRun": "octlm.api",

@@ -25,7 +25,7 @@ from octlm.generation.trained import load_model, run_tokenizer
 from octlm.model.gpt import GPT
 from octlm.rl.loop import RLResult
 from octlm.rl.loop import rl as rl_run
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer.loop import train as train_run
 

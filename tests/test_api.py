@@ -21,7 +21,7 @@ from octlm import api
 from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.prepare import text as prepare_text
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import loop
 from octlm.trainer.checkpoint import read_latest
 from octlm.trainer.guards import StopFlag

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from octlm.data.shards import ShardDataset
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 from octlm.data.shards import ShardDataset
 from octlm.hashing import file_sha256
 from octlm.prepare.corpus import Document
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
 
 pa = pytest.importorskip("pyarrow")

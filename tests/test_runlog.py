@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import LOG_NAME, LOG_SCHEMA, RunLog, read_log
+from octlm.runlog.reader import LOG_NAME, LOG_SCHEMA, read_log
+from octlm.runlog.writer import RunLog
 
 
 def strict(line: str) -> dict:

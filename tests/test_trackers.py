@@ -12,7 +12,8 @@ import pytest
 
 from octlm.cli.main import main
 from octlm.config.train import ConfigError, TrainConfig
-from octlm.runlog import RunLog, read_log
+from octlm.runlog.reader import read_log
+from octlm.runlog.writer import RunLog
 from octlm.trackers.records import hparams
 from octlm.trackers.sinks import Guarded, parse_trackers
 from octlm.trackers.tensorboard_sink import TensorBoardSink

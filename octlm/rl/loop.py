@@ -26,7 +26,7 @@ from octlm.rl.heldout import HeldoutScore, score_heldout
 from octlm.rl.rollout import Group, reply_seed, rollout_sha256, sample_group
 from octlm.rl.run import MARKER, RLRun, build
 from octlm.rl.update import learning_rate, policy_update
-from octlm.runlog import RunLog
+from octlm.runlog.writer import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, barrier, gather_objects, shutdown

@@ -33,7 +33,7 @@ from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
 from octlm.rl.rollout import prompt_ids
 from octlm.rl.tasks import Task, get_task
-from octlm.runlog import git_commit
+from octlm.runlog.writer import git_commit
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import DistInfo, init_distributed

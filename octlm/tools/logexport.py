@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from octlm.runlog import read_log_counted
+from octlm.runlog.reader import read_log_counted
 from octlm.trackers.tensorboard_sink import TensorBoardSink
 
 

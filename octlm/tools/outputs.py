@@ -15,7 +15,7 @@ from typing import Any
 
 from octlm.config.checks import shown, shown_path
 from octlm.errors import OctlmError
-from octlm.runlog import LOG_NAME
+from octlm.runlog.reader import LOG_NAME
 
 RUN_MARKS = (LOG_NAME, "checkpoints")
 """A folder holding either is a run (`octlm train`'s log, its checkpoints)."""

@@ -19,7 +19,7 @@ from octlm.config.checks import shown_path
 from octlm.data.shards import MANIFEST_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write
-from octlm.runlog import read_log, require_log
+from octlm.runlog.reader import read_log, require_log
 from octlm.tools.outputs import check_file_out
 
 STEP_KEYS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from octlm.runlog import read_log_counted
+from octlm.runlog.reader import read_log_counted
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from octlm.config import checks
 from octlm.config.checks import shown_path
 from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
-from octlm.runlog import log_file, read_log
+from octlm.runlog.reader import log_file, read_log
 from octlm.tools import subrun
 from octlm.tools.sweep_plan import RunSpec, fmt_value, plan_from
 

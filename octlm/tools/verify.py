@@ -23,7 +23,7 @@ from octlm.config.rl import RLConfig
 from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.hashing import weights_sha256
-from octlm.runlog import LOG_NAME, read_log
+from octlm.runlog.reader import LOG_NAME, read_log
 from octlm.tools import subrun
 from octlm.tools.rundiff import diff_runs, tensor_verdict
 from octlm.trainer import checkpoint as ckpt

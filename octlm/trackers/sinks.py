@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from octlm.extras import require
-from octlm.runlog import Sink
+from octlm.runlog.writer import Sink
 
 
 def parse_trackers(log_to: str | None) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ import torch
 
 from octlm.errors import OctlmError, RankError
 from octlm.fsutil import atomic_write_bytes
-from octlm.runlog import LOG_NAME
+from octlm.runlog.reader import LOG_NAME
 from octlm.trainer.checkpoint import read_latest
 from octlm.trainer.distributed import DistInfo, agree, broadcast_json
 

@@ -25,7 +25,7 @@ from octlm.fsutil import read_json_object
 from octlm.hashing import checksum_matches, file_sha256, weights_sha256
 from octlm.model.gpt import GPT
 from octlm.model.hf import layers_held, model_config_from_hf, octlm_state_dict
-from octlm.runlog import LOG_NAME
+from octlm.runlog.reader import LOG_NAME
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
 

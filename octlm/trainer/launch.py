@@ -271,7 +271,7 @@ def _scheduler_stop(record: dict) -> bool:
 
 
 def _last_record(out: Path) -> dict:
-    from octlm.runlog import LOG_NAME, read_log
+    from octlm.runlog.reader import LOG_NAME, read_log
 
     records = read_log(out) if (out / LOG_NAME).is_file() else []
     return records[-1] if records else {}

@@ -24,7 +24,7 @@ from octlm.errors import OctlmError
 from octlm.evaluate.loss import EvalResult
 from octlm.evaluate.tasks import AnyScore, TaskScore, score_any, score_line, task_fields
 from octlm.hashing import tensor_digests, weights_sha256
-from octlm.runlog import RunLog
+from octlm.runlog.writer import RunLog
 from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import agree_max, peer_failure, shutdown

@@ -28,7 +28,7 @@ from octlm.evaluate.loss import EvalResult, ValidationSet, combine, validate
 from octlm.evaluate.tasks import AnyTask, read_tasks
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
-from octlm.runlog import git_commit
+from octlm.runlog.writer import git_commit
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.browser.helpers import ARTIFACTS, embedded, hover, js_number, open_page
 from tests.e2e.helpers import octlm
 from tests.rl.helpers import chat_source

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from octlm.config.files import make_config
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import checkpoint as ckpt
 from tests import octlm_process
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from octlm.runlog import RunLog, read_log
+from octlm.runlog.reader import read_log
+from octlm.runlog.writer import RunLog
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer import loop
 from tests.e2e.helpers import end_hash, listed, run_cfg

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from octlm.data.shards import ShardDataset
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import (
     DIST_FLAGS,

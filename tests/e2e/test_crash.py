@@ -16,7 +16,7 @@ import pytest
 
 from octlm.errors import OctlmError
 from octlm.hashing import file_checksum
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer import loop
 from octlm.trainer import step as step_module

@@ -20,7 +20,7 @@ from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
 from octlm.data.windows import StreamWindows
 from octlm.generation.trained import load_model
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tools.analyze import underflow_for_run, underflow_report
 from tests.e2e.helpers import end_hash, octlm, steps_of
 from tests.shared import shared

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.e2e.helpers import end_hash, octlm, steps_of, train_args
 from tests.shared import shared
 

@@ -20,7 +20,7 @@ from octlm.data.shards import ShardDataset
 from octlm.evaluate.loss import evaluate_split
 from octlm.generation.trained import load_model
 from octlm.prepare.corpus import embedded_documents
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tokenizer.core import Tokenizer
 from tests.e2e.helpers import end_hash, octlm, steps_of
 from tests.shared import shared

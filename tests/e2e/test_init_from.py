@@ -23,7 +23,7 @@ from octlm.cli.main import main
 from octlm.config.files import make_config
 from octlm.data.shards import ShardDataset
 from octlm.generation.trained import load_model
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer.run import build_run
 from tests.e2e.helpers import QUICK_CONTEXT, QUICK_RUN, end_hash, octlm
 from tests.hf_folders import DROP, config_variant, corpus_texts

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.e2e.helpers import end_hash, octlm, steps_of, train_args
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import (
     DIST_FLAGS,

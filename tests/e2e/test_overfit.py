@@ -16,7 +16,7 @@ from octlm.data.shards import ShardDataset
 from octlm.generation.sampling import generate
 from octlm.generation.trained import load_model
 from octlm.prepare.text import PrepareConfig, prepare
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests import octlm_process
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from octlm.config.files import SHIPPED_CONFIGS
 from octlm.config.shape import ModelConfig
 from octlm.device import fast_bf16_products
 from octlm.model.gpt import GPT
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import (
     DIST_FLAGS,

@@ -16,7 +16,7 @@ import pytest
 
 from octlm.cli.main import main
 from octlm.config.files import make_config
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.e2e.helpers import assert_same_run, end_hash, octlm, steps_of
 from tests.shared import shared
 

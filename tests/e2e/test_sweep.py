@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.e2e.helpers import nan_loss_pythonpath
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import torch
 from octlm.cli.main import main
 from octlm.config.shape import PRESETS
 from octlm.model.gpt import GPT
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tools.rundiff import diff_folders
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer import loop

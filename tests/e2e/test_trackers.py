@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.e2e.helpers import (
     end_hash,
     listed,

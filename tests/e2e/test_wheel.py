@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 
 pytestmark = pytest.mark.slow
 

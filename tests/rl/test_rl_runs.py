@@ -16,7 +16,7 @@ from octlm.generation.sampling import generate
 from octlm.generation.trained import load_model, run_tokenizer
 from octlm.rl.rollout import prompt_ids, reply_seed, sample_group
 from octlm.rl.tasks import get_task
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.tools.verify import rl_numbers
 from tests.e2e.helpers import end_hash, octlm, optimizer_tensors
 from tests.rl.helpers import RL, chat_source

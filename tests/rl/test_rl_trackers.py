@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from tests.e2e.helpers import octlm
 from tests.rl.helpers import chat_source
 from tests.trackers_read import (

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from octlm.runlog import LOG_NAME, RunLog
+from octlm.runlog.reader import LOG_NAME
+from octlm.runlog.writer import RunLog
 from octlm.trainer.checkpoint import save_checkpoint
 
 TOKENS_PER_STEP = 64

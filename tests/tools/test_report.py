@@ -20,7 +20,7 @@ from octlm.cli.main import main
 from octlm.config.files import load_toml
 from octlm.config.train import TrainConfig
 from octlm.rl.run import KIND
-from octlm.runlog import RunLog
+from octlm.runlog.writer import RunLog
 from octlm.tools.report import report as page
 from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets
 from octlm.tools.report.runs import RL_KIND, chance_of, load_run, load_runs

@@ -14,7 +14,7 @@ import pytest
 from octlm.config.files import load_toml
 from octlm.config.train import ConfigError, TrainConfig
 from octlm.errors import OctlmError
-from octlm.runlog import RunLog
+from octlm.runlog.writer import RunLog
 from octlm.tools import subrun
 from octlm.tools.sweep import Sweep, final_val_loss, finished, gpu_slots, mark_noise, visible_gpus
 from octlm.tools.sweep_plan import base_from, parse_assignments, parse_set, plan

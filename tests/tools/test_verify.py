@@ -12,7 +12,8 @@ import pytest
 from octlm.cli.main import main
 from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
-from octlm.runlog import RunLog, read_log
+from octlm.runlog.reader import read_log
+from octlm.runlog.writer import RunLog
 from octlm.tools import subrun
 from octlm.tools.verify import format_result, verify_resume, with_digests
 from octlm.trainer.checkpoint import read_latest

@@ -16,7 +16,7 @@ from octlm.config.checks import shown, shown_path
 from octlm.config.shape import SHAPE_KEYS
 from octlm.config.train import sectioned
 from octlm.errors import OctlmError
-from octlm.runlog import read_log_counted, require_log
+from octlm.runlog.reader import read_log_counted, require_log
 
 SAMPLES_NAME = "samples.txt"
 MERGE_RECORD = "merge.json"

@@ -1,21 +1,7 @@
-"""The run log: `OUT/log.jsonl`, one JSON object per line, flushed per line.
-
-Record types: `header` (settings, model, counts, build, git commit), `step`, `val`, `hash`,
-`tensors` (--hash-tensors: beside each `hash`, `weights` and `grads`, {name: 16-hex digest};
-a resume adds one with the loaded `weights` only, `loaded: true`), `event` (resume, stop,
-nonfinite) and `end` (final step and weights_sha256).
-
-Step numbers (schema 2, `log_schema` in the header): one count everywhere, the optimizer steps
-done. The record of the first step says `step: 1`, a validation or hash after step N says N, as
-do a checkpoint written then (`step_00000N`), a stop or resume event there and the `end` of an
-N-step run; `nonfinite` names the step that failed. Schema 1 (no `log_schema`: logs written
-before) numbered step/val/hash/nonfinite records from 0; `read_log` shifts them to schema 2, so
-every tool reads one convention, and a resumed schema-1 run keeps writing schema 1, so its file
-never mixes the two.
-
-After a resume the file reads as one run: the records past the checkpoint's step are dropped
-before new ones are appended. The schema lives here: the loop hands objects to the typed writers,
-and every tool reads through `read_log`, which skips a line cut short by a kill instead of failing.
+"""Writing a run log: `RunLog`, its typed records (`header`, `step`, `val`, `weights_hash`,
+`tensor_digests`, `event`, `end`), the cut-back on resume (`truncate_after`) and the sinks it
+feeds after each line; `git_commit` for the header. The file's name and schema are the
+reader's (`reader.py`); the package doc says what each record holds.
 """
 
 from __future__ import annotations
@@ -28,21 +14,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
 
-from octlm.config import checks
-from octlm.errors import OctlmError
+from octlm.runlog.reader import LOG_NAME, LOG_SCHEMA, file_schema, names_a_step
 
-LOG_NAME = "log.jsonl"
-LOG_SCHEMA = 2
 _BLOCK = 1 << 16
-_NUMBERED = ("step", "val", "hash", "tensors")
-"""Record types whose `step` names an optimizer step (1-based in schema 2, 0-based in 1)."""
-
-
-def names_a_step(record: dict[str, Any]) -> bool:
-    """Whether the record's `step` is a step's number (schema 1 wrote those from 0), not a
-    count of steps done (events at a boundary, `end`: the same in both schemas)."""
-    kind = record.get("type")
-    return kind in _NUMBERED or (kind == "event" and record.get("event") == "nonfinite")
 
 
 class StepNumbers(Protocol):
@@ -116,7 +90,7 @@ class RunLog:
         self.sinks = tuple(sinks) if enabled else ()
         self._file: TextIO | None = None
         self.schema = LOG_SCHEMA
-        """The numbering this file is written in: an existing log's own (see the module doc)."""
+        """The numbering this file is written in: an existing log's own (see the package doc)."""
         self._cut: int | None = None  # where truncate_after cut the log: the sinks cut there too
         self._replay: list[dict[str, Any]] = []  # kept records the sinks' cut dropped
 
@@ -135,7 +109,7 @@ class RunLog:
             return
         record = {"type": record_type, **{k: _clean(v) for k, v in fields.items()}}
         if self.schema == 1 and names_a_step(record):
-            record["step"] -= 1  # a schema-1 file stays schema 1 (see the module doc)
+            record["step"] -= 1  # a schema-1 file stays schema 1 (see the package doc)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         for sink in self.sinks:  # after the line is written: a tracker never shows more
@@ -296,24 +270,6 @@ def _records_of_step(path: Path, step: int) -> list[dict[str, Any]]:
     return found[::-1]
 
 
-def file_schema(path: Path) -> int:
-    """The schema of an existing log (its header's `log_schema`; 1 when absent), else the
-    current one."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = f.readline()
-    except FileNotFoundError:
-        return LOG_SCHEMA
-    try:
-        header = json.loads(first)
-    except json.JSONDecodeError:
-        return LOG_SCHEMA
-    if not isinstance(header, dict) or header.get("type") != "header":
-        return LOG_SCHEMA
-    schema = header.get("log_schema", 1)
-    return schema if schema in (1, LOG_SCHEMA) else LOG_SCHEMA
-
-
 def _lines_backwards(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
     """(offset, bytes) of every non-empty line of `f[:end]`, last line first, read in blocks."""
     pos, head = end, b""  # head: the start of a line whose beginning lies in an earlier block
@@ -332,56 +288,6 @@ def _lines_backwards(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
         head = parts[0]
     if head:
         yield 0, head
-
-
-def log_file(run: str | Path) -> Path:
-    """The log of a run folder, or the log file itself."""
-    path = Path(run)
-    return path / LOG_NAME if path.is_dir() else path
-
-
-def require_log(run: str | Path) -> Path:
-    """The log of `run`; a one-line error when `run` is not a run folder (or a log file)."""
-    checks.check_path("run", run)  # `octlm.read_log` takes anything a notebook hands it
-    path = log_file(run)
-    if not path.is_file():
-        raise OctlmError(
-            f"no run log at {path}",
-            "name a run folder written by `octlm train` (it holds log.jsonl), or the log itself",
-        )
-    return path
-
-
-def read_log_counted(run: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """The readable records of a run's log, and how many non-empty lines were not records.
-
-    A kill can cut the last line short, and a damaged disk can garble one: such lines are
-    skipped and counted, never a traceback. A missing log is an `OctlmError`.
-    """
-    records: list[dict[str, Any]] = []
-    bad, schema = 0, None
-    with open(require_log(run), encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if isinstance(record, dict) and isinstance(record.get("type"), str):
-                if schema is None and record["type"] == "header":
-                    schema = record.get("log_schema", 1)
-                if schema == 1 and names_a_step(record) and isinstance(record.get("step"), int):
-                    record["step"] += 1  # read in today's numbering (the module doc)
-                records.append(record)
-            else:
-                bad += 1
-    return records, bad
-
-
-def read_log(run: str | Path) -> list[dict[str, Any]]:
-    """The readable records of a run folder's (or a file's) log; see `read_log_counted`."""
-    return read_log_counted(run)[0]
 
 
 def git_commit() -> str | None:
