@@ -10,7 +10,6 @@ could vary); the update (`update.py`) folds the prompts' gradients in the fixed 
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -27,11 +26,9 @@ from octlm.rl.rollout import Group, reply_seed, rollout_sha256, sample_group
 from octlm.rl.run import MARKER, RLRun, build
 from octlm.rl.update import learning_rate, policy_update
 from octlm.runlog.writer import RunLog
-from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
-from octlm.trainer import checkpoint as ckpt
-from octlm.trainer.distributed import agree_max, barrier, gather_objects, shutdown
-from octlm.trainer.guards import StopFlag, claimed_folder, has_run
-from octlm.trainer.loop import due
+from octlm.trainer import lifecycle
+from octlm.trainer.distributed import gather_objects
+from octlm.trainer.guards import StopFlag
 
 
 @dataclass(frozen=True)
@@ -48,55 +45,28 @@ def rl(cfg: RLConfig, log_enabled: bool = True, *, hard_exit: bool = False) -> R
     if cfg.run.out is None:
         raise OctlmError(*NO_OUT)
     out = Path(cfg.run.out)
-    if out.exists() and not out.is_dir():
-        raise OctlmError(f"--out {out} is a file", "name a folder for the RL run (new or its own)")
-    if out.is_dir() and has_run(out) and not (out / MARKER).exists():
-        raise OctlmError(
-            f"{out} holds a training run, not an RL run",
-            "give octlm rl another --out (the run to start from is its first argument)",
-        )
-    if not cfg.resume and has_run(out):
-        raise OctlmError(
-            f"{out} already holds an RL run",
-            "pass --resume to continue it, or choose another --out",
-        )
-    try:
-        with claimed_folder(out) as main:
-            return _rl_locked(cfg, out, log_enabled and main, hard_exit)
-    finally:
-        shutdown()
+    with lifecycle.claimed_run(out, lifecycle.RL, cfg.run.resume) as main:
+        return _rl_locked(cfg, out, log_enabled and main, hard_exit)
 
 
 def _rl_locked(cfg: RLConfig, out: Path, log_enabled: bool, hard_exit: bool) -> RLResult:
-    trackers = parse_trackers(cfg.log_to)
-    check_installed(trackers)
-    if log_enabled:
-        ckpt.remove_stale_temps(out)
+    trackers = lifecycle.ready_folder(out, log_enabled, cfg.observe.log_to)
     run = build(cfg)
-    say = print if log_enabled else (lambda *a, **k: None)
-    log = RunLog(out, enabled=log_enabled, sinks=make_sinks(trackers, out) if log_enabled else [])
+    log = lifecycle.open_log(out, log_enabled, trackers)
     if run.step == 0:
         if log_enabled:
             (out / MARKER).write_text('{"kind": "rl"}\n')
-            log.path.unlink(missing_ok=True)
-        log.open()
-        log.header(run.header())
-        if cfg.resume:
-            say(f"no checkpoint in {out} yet: starting fresh", file=sys.stderr)
+        lifecycle.begin(log, run.header, resumed=None, resume_asked=cfg.run.resume)
     else:
-        if log_enabled:
-            log.truncate_after(run.step)
-        log.open()
-        for note in run.notes:
-            say(f"octlm: note: {note}", file=sys.stderr)
-        log.event("resume", run.step, world=run.dist.world, notes=run.notes)
-        say(f"resumed from {out} at step {run.step}", file=sys.stderr)
-    failed = True
-    try:
-        result = _loop(run, log, say, hard_exit)
-        failed = False
-    finally:
-        log.close(failed)
+        fields = {"world": run.dist.world}
+        lifecycle.begin(
+            log, run.header, resumed=(str(out), run.step, run.notes, fields), resume_asked=True
+        )
+    steps_done = lambda: run.step  # noqa: E731
+    timeout = cfg.hardware.dist_timeout
+    with lifecycle.closing(log, run.dist, steps_done, timeout, run.saver.close_quietly):
+        result = _loop(run, log, lifecycle.speaker(log_enabled), hard_exit)
+    run.saver.close()
     return result
 
 
@@ -241,34 +211,33 @@ def _loop(run: RLRun, log: RunLog, say: Any, hard_exit: bool) -> RLResult:
                     f"{score.passk:.3f}",
                     file=sys.stderr,
                 )
-            # Every rank stops at the same step: a signal on any one stops them all.
-            signum = agree_max(stop.signum, run.dist, run.device)
+            signum = lifecycle.agreed_stop(stop.signum, run.dist, run.device)
             stopping = signum > 0
-            if last or stopping or run.step == end or due(cfg.ckpt_every, run.step):
+            if last or stopping or run.step == end or lifecycle.due(cfg.ckpt_every, run.step):
                 run.save()
-                barrier(run.dist)  # rank 0 has written the file before any rank goes on
-    return _finish(run, log, say, signal.Signals(signum).name if stopping else None, score)
+    run.saver.wait()  # the last checkpoint is on disk before the run says so
+    return _finish(run, log, lifecycle.signal_name(signum), score)
 
 
 def _finish(
-    run: RLRun, log: RunLog, say: Any, stop_signal: str | None, score: HeldoutScore | None
+    run: RLRun, log: RunLog, stop_signal: str | None, score: HeldoutScore | None
 ) -> RLResult:
-    if run.step == run.settings.steps:
+    def end() -> str:
         digest = weights_sha256(run.weights())
+        elapsed = round(run.elapsed, 3)
         log.write(
-            "end",
-            step=run.step,
-            weights_sha256=digest,
-            tokens=run.sampled_tokens,
-            elapsed=round(run.elapsed, 3),
+            "end", step=run.step, weights_sha256=digest, tokens=run.sampled_tokens, elapsed=elapsed
         )
-        say(f"done: {run.step} RL steps, weights_sha256 {digest}", file=sys.stderr)
-        return RLResult(run.step, digest, False, None, score)
-    reason = stop_signal or f"stop_at {run.settings.stop_at}"
-    log.event("stop", run.step, reason=reason)
-    say(
-        f"stopped at RL step {run.step} ({reason}), checkpoint saved; continue with the same "
-        "command plus --resume",
-        file=sys.stderr,
+        return digest
+
+    cfg = run.settings
+    digest = lifecycle.finish(
+        log,
+        step=run.step,
+        steps=cfg.policy.steps,
+        stop_signal=stop_signal,
+        stop_at=cfg.run.stop_at,
+        end=end,
+        unit="RL steps",
     )
-    return RLResult(run.step, None, True, stop_signal, score)
+    return RLResult(run.step, digest, digest is None, stop_signal, score)

@@ -36,11 +36,12 @@ from octlm.rl.tasks import Task, get_task
 from octlm.runlog.writer import git_commit
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
-from octlm.trainer.distributed import DistInfo, init_distributed
+from octlm.trainer.distributed import DistInfo, barrier, init_distributed
 from octlm.trainer.fold import block_ok, worlds_for
 from octlm.trainer.optim import build_optimizer
 from octlm.trainer.reduction import TreeReducer
 from octlm.trainer.resume import load_newest_valid
+from octlm.trainer.saver import BackgroundSaver
 from octlm.trainer.state import configure_determinism
 
 KIND = "rl"
@@ -70,6 +71,7 @@ class RLRun:
     elapsed: float = 0.0
     sampled_tokens: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
+    saver: BackgroundSaver = dataclasses.field(default_factory=lambda: BackgroundSaver(True))
 
     @property
     def out(self) -> Path:
@@ -106,10 +108,15 @@ class RLRun:
         return meta, tensors
 
     def save(self) -> None:
-        if not self.dist.is_main:
-            return
-        meta, tensors = self.meta_and_tensors()
-        ckpt.save_checkpoint(self.out, self.step, meta, tensors, keep_last=self.settings.keep_last)
+        """Checkpoint the run as it is now, from a private host copy written in the background
+        (as training's async_checkpoint); `self.saver.wait()` waits for it."""
+        if self.dist.is_main:
+            meta, tensors = ckpt.host_copy(*self.meta_and_tensors())
+            out, step, keep = self.out, self.step, self.settings.run.keep_last
+            self.saver.submit(
+                lambda: ckpt.save_checkpoint(out, step, meta, tensors, keep_last=keep)
+            )
+        barrier(self.dist)
 
     def header(self) -> dict[str, Any]:
         return {

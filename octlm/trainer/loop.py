@@ -7,7 +7,6 @@ run stopped anywhere and resumed in a new process ends with the same bits as a s
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -25,11 +24,21 @@ from octlm.evaluate.loss import EvalResult
 from octlm.evaluate.tasks import AnyScore, TaskScore, score_any, score_line, task_fields
 from octlm.hashing import tensor_digests, weights_sha256
 from octlm.runlog.writer import RunLog
-from octlm.trackers.sinks import check_installed, make_sinks, parse_trackers
-from octlm.trainer import checkpoint as ckpt
-from octlm.trainer.distributed import agree_max, peer_failure, shutdown
-from octlm.trainer.guards import StopFlag, claimed_folder, has_run
+from octlm.trainer.guards import StopFlag
 from octlm.trainer.inputs import packing_line
+from octlm.trainer.lifecycle import (
+    TRAINING,
+    agreed_stop,
+    begin,
+    claimed_run,
+    closing,
+    due,
+    finish,
+    open_log,
+    ready_folder,
+    signal_name,
+    speaker,
+)
 from octlm.trainer.profile import StepProfile, check_memory_snapshot
 from octlm.trainer.run import Run, build_run, resume
 from octlm.trainer.schedule import learning_rate
@@ -54,13 +63,8 @@ def train(
     `octlm` command); left False, it raises KeyboardInterrupt (a notebook's kernel survives).
     `model_flag`: `--model` was typed for this run, so it must have the --init-from shape."""
     out = Path(cfg.run.out)
-    if out.exists() and not out.is_dir():
-        raise OctlmError(f"--out {out} is a file", "name a folder for the run (new or its own)")
-    try:
-        with claimed_folder(out) as main:  # under torchrun, rank 0 owns the folder
-            return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
-    finally:
-        shutdown()
+    with claimed_run(out, TRAINING, cfg.run.resume) as main:
+        return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
 
 
 def _train_locked(
@@ -68,42 +72,13 @@ def _train_locked(
 ) -> TrainResult:
     # Before anything is built:
     check_memory_snapshot(cfg.observe.memory_snapshot, cfg.hardware.device)
-    if (out / ckpt.MERGE_RECORD).exists():
-        raise OctlmError(
-            f"{out} holds merged weights (octlm merge), not a run to train",
-            f"train into another --out, with --init-from {out} to start from them",
-        )
-    if (out / ckpt.RL_RECORD).exists():
-        raise OctlmError(
-            f"{out} holds an RL run (octlm rl), not a training run",
-            "continue it with octlm rl --resume, or train into another --out",
-        )
-    if not cfg.run.resume and has_run(out):
-        raise OctlmError(
-            f"{out} already holds a run", "pass --resume to continue it, or choose another --out"
-        )
-    trackers = parse_trackers(cfg.observe.log_to)
-    check_installed(trackers)  # a missing library is a one-line error before anything is built
-    if log_enabled:
-        ckpt.remove_stale_temps(out)
+    trackers = ready_folder(out, log_enabled, cfg.observe.log_to)
     run = build_run(cfg, model_flag)
-    # Only the process that writes the log feeds the trackers: they see what it writes.
-    sinks = make_sinks(trackers, out) if log_enabled else []
-    log = RunLog(out, enabled=log_enabled, sinks=sinks)
+    log = open_log(out, log_enabled, trackers)
     _start(run, log)
-    failed = True
-    try:
+    steps_done = lambda: run.state.step  # noqa: E731
+    with closing(log, run.dist, steps_done, cfg.hardware.dist_timeout, run.saver.close_quietly):
         result = _loop(run, log, hard_exit)
-        failed = False
-    except BaseException as exc:
-        _finish_saves_quietly(run)
-        lost = peer_failure(exc, run.dist, run.state.step, cfg.hardware.dist_timeout)
-        if lost is None:
-            raise
-        log.event("peer_failure", run.state.step, rank=run.dist.rank, error=lost.problem)
-        raise lost from None
-    finally:
-        log.close(failed)
     run.saver.close()
     return result
 
@@ -111,45 +86,18 @@ def _train_locked(
 def _start(run: Run, log: RunLog) -> None:
     """Resume from the newest valid checkpoint (--resume), or start a new log."""
     resumed = resume(run) if run.cfg.run.resume else None
-    say = print if log.enabled else (lambda *a, **k: None)
     if run.packing:
-        say(packing_line(run.packing["train"], run.cfg.inputs.context), file=sys.stderr)
+        speaker(log.enabled)(
+            packing_line(run.packing["train"], run.cfg.inputs.context), file=sys.stderr
+        )
     if resumed is None:
-        if log.enabled:
-            log.path.unlink(missing_ok=True)  # a log without a checkpoint holds nothing to keep
-        log.open()
-        log.header(run.header())
-        if run.cfg.run.resume:
-            say(f"no checkpoint in {run.out} yet: starting fresh", file=sys.stderr)
+        begin(log, run.header, resumed=None, resume_asked=run.cfg.run.resume)
         return
     path, notes = resumed
-    if log.enabled:
-        log.truncate_after(run.state.step)  # the steps after the checkpoint are done again
-    log.open()
-    for note in notes:
-        say(f"octlm: note: {note}", file=sys.stderr)
-    build = build_info(run.device)
-    log.event("resume", run.state.step, checkpoint=str(path), build=build, notes=notes)
-    if (
-        run.cfg.observe.hash_tensors
-    ):  # the weights as loaded: a resume that changed one bit shows here
+    fields = {"checkpoint": str(path), "build": build_info(run.device)}
+    begin(log, run.header, resumed=(str(path), run.state.step, notes, fields), resume_asked=True)
+    if run.cfg.observe.hash_tensors:  # the weights as loaded: a resume that changed a bit shows
         _log_hashes(run, log, whole=False, tensors=True)
-    say(f"resumed from {path} at step {run.state.step}", file=sys.stderr)
-
-
-def _finish_saves_quietly(run: Run) -> None:
-    """On the way out with an error: let the write in flight finish (it is a good checkpoint,
-    taken before the error) while the run folder is still locked; the first error is the one
-    to report, so a second one from the write is only noted."""
-    try:
-        run.saver.close()
-    except Exception as exc:
-        print(f"octlm: note: the last checkpoint write failed too ({exc})", file=sys.stderr)
-
-
-def due(every: int, steps_done: int) -> bool:
-    """Whether an every-N-steps action (N = 0: never) falls after `steps_done` steps."""
-    return bool(every) and steps_done % every == 0
 
 
 class Meter:
@@ -296,15 +244,13 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
             if hashing or digesting:
                 grads = result.grad_digests or {}  # {}: a skipped non-finite step has none
                 _log_hashes(run, log, whole=hashing, tensors=digesting, grads=grads)
-            # Every rank must stop at the same step: a signal on any one stops them all, and
-            # all of them name the same signal (the largest number, if several came).
-            signum = agree_max(stop.signum, run.dist, run.device)
+            signum = agreed_stop(stop.signum, run.dist, run.device)
             stopping = signum > 0
             if last or stopping or state.step == end or due(cfg.run.ckpt_every, state.step):
                 run.save()
     run.saver.wait()  # the last checkpoint is on disk before the run says so
     last_loss = result.loss if result is not None else None
-    return _finish(run, log, signal.Signals(signum).name if stopping else None, last_loss)
+    return _finish(run, log, signal_name(signum), last_loss)
 
 
 def _log_hashes(
@@ -325,20 +271,17 @@ def _log_hashes(
 def _finish(run: Run, log: RunLog, stop_signal: str | None, last_loss: float | None) -> TrainResult:
     """The end record (weights hash) of a finished run, or the stop event of a stopped one."""
     state = run.state
-    say = print if run.dist.is_main else (lambda *a, **k: None)
-    if state.step == run.cfg.lr_schedule.steps:
+
+    def end() -> str:
         digest = run.weights_sha256()
         log.end(state.step, digest, state)
-        say(f"done: {state.step} steps, weights_sha256 {digest}", file=sys.stderr)
-        return TrainResult(state.step, digest, False, last_loss)
-    reason = stop_signal or f"stop_at {run.cfg.run.stop_at}"
-    log.event("stop", state.step, reason=reason)
-    say(
-        f"stopped at step {state.step} ({reason}), checkpoint saved; continue with the same "
-        "command plus --resume",
-        file=sys.stderr,
+        return digest
+
+    steps, stop_at = run.cfg.lr_schedule.steps, run.cfg.run.stop_at
+    digest = finish(
+        log, step=state.step, steps=steps, stop_signal=stop_signal, stop_at=stop_at, end=end
     )
-    return TrainResult(state.step, None, True, last_loss, stop_signal)
+    return TrainResult(state.step, digest, digest is None, last_loss, stop_signal)
 
 
 def _nonfinite(log: RunLog, cfg: TrainConfig, step: int, exc: NonFiniteError) -> OctlmError:

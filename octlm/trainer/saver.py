@@ -11,6 +11,7 @@ previous checkpoint still listed.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -59,3 +60,12 @@ class BackgroundSaver:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+
+    def close_quietly(self) -> None:
+        """On the way out with an error: let the write in flight finish (it is a good
+        checkpoint, taken before the error) while the run folder is still locked; the first
+        error is the one to report, so a second one from the write is only noted."""
+        try:
+            self.close()
+        except Exception as exc:
+            print(f"octlm: note: the last checkpoint write failed too ({exc})", file=sys.stderr)

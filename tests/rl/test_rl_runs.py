@@ -65,7 +65,7 @@ def test_stopped_and_resumed_equals_straight_and_another_seed_differs(
 ) -> None:
     out = tmp_path / "split"
     stop = rl(source, out, "--stop-at", "1")
-    assert "stopped at RL step 1" in stop.stderr
+    assert "stopped at step 1" in stop.stderr
     assert "resumed from" in rl(source, out, "--resume").stderr
     assert_same_rl_run(out, straight)
     control = tmp_path / "control"

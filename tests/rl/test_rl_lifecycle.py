@@ -1,0 +1,135 @@
+"""One run lifecycle (octlm/trainer/lifecycle.py) for both kinds of run: the folders each refuses,
+in the same words, leaving them as they were; and what training's lifecycle had that RL's lacked,
+now RL's too: the one line naming a failed peer, with the checkpoint intact."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from octlm.trainer import checkpoint as ckpt
+from octlm.trainer.forkstart import worker_pids
+from octlm.trainer.lifecycle import RL, TRAINING, refuse_folder
+from tests.e2e.helpers import octlm
+from tests.rl.helpers import RL as RL_FLAGS
+from tests.rl.helpers import chat_source
+
+TRAIN = ("--model", "micro", "--context", "32", "--steps", "2", "--warmup", "0", "--no-progress")
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def folders(root: Path, dataset: Path) -> dict[str, tuple[Path, str]]:
+    """Each kind of folder no run may write into, and the words that refuse it."""
+    merged = root / "merged"
+    merged.mkdir()
+    (merged / ckpt.MERGE_RECORD).write_text("{}\n")
+    exported = root / "exported"
+    exported.mkdir()
+    (exported / "config.json").write_text("{}\n")
+    a_file = root / "a_file"
+    a_file.write_text("x")
+    return {
+        "merge": (merged, "holds merged weights (octlm merge)"),
+        "export": (exported, "holds an exported model (octlm export)"),
+        "dataset": (dataset, "holds a prepared dataset (octlm prepare)"),
+        "file": (a_file, "is a file"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["merge", "export", "dataset", "file"])
+def test_both_kinds_refuse_another_commands_output_in_the_same_words(
+    kind, tiny_dataset, tmp_path
+) -> None:
+    out, words = folders(tmp_path, tiny_dataset)[kind]
+    before = digest(out) if out.is_dir() else out.read_bytes()
+    for command in (
+        ("train", *TRAIN, "--data", str(tiny_dataset), "--out", str(out)),
+        ("rl", "no-source", "--task", "count", "--out", str(out)),
+    ):
+        proc = octlm(*command, check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert (digest(out) if out.is_dir() else out.read_bytes()) == before
+
+
+def test_refuse_folder_lets_each_kind_into_its_own_folder_only(tmp_path) -> None:
+    """Control: a new folder, and each kind's own (with --resume), pass."""
+    refuse_folder(tmp_path / "new", TRAINING, resume=False)
+    rl_run = tmp_path / "rl"
+    rl_run.mkdir()
+    (rl_run / ckpt.RL_RECORD).write_text('{"kind": "rl"}\n')
+    (rl_run / "log.jsonl").write_text("")
+    refuse_folder(rl_run, RL, resume=True)
+    with pytest.raises(Exception, match="holds an RL run \\(octlm rl\\), not a run"):
+        refuse_folder(rl_run, TRAINING, resume=True)
+    with pytest.raises(Exception, match="already holds an RL run"):
+        refuse_folder(rl_run, RL, resume=False)
+    train_run = tmp_path / "train"
+    train_run.mkdir()
+    (train_run / "log.jsonl").write_text("")
+    refuse_folder(train_run, TRAINING, resume=True)
+    with pytest.raises(Exception, match="holds a run \\(octlm train\\), not an RL run"):
+        refuse_folder(train_run, RL, resume=True)
+
+
+@pytest.fixture(scope="module")
+def source(tiny_tokenizer, tmp_path_factory) -> Path:
+    return chat_source(tiny_tokenizer, tmp_path_factory)
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before the step came"
+        log = run / "log.jsonl"
+        if log.is_file() and f'"type": "step", "step": {step},' in log.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} within {timeout} s")
+
+
+@pytest.mark.slow
+def test_a_stopped_rl_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
+    source, tmp_path
+) -> None:
+    """SIGSTOP one of 2 RL workers after step 3: the other's next gather waits --dist-timeout
+    seconds, then the run ends with training's one line naming the rank and step."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "octlm", "rl", str(source), *RL_FLAGS, "--out", str(out)]
+    argv += ["--steps", "200", "--nproc", "2", "--dist-timeout", "4"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    wait_for_step(out, 3, proc)  # step 2's checkpoint is written before step 3 begins
+    stopped = worker_pids(proc.pid)[-1]
+    os.kill(stopped, signal.SIGSTOP)
+    err = ""
+    try:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            err += line
+            if line.startswith("octlm: error:"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(stopped, signal.SIGCONT)
+        code = proc.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGCONT)
+    assert code != 0
+    lines = [ln for ln in err.splitlines() if ln.startswith("octlm: error:")]
+    assert lines and "no answer from another process in 4 s" in lines[0], err[-2000:]
+    assert lines[0].startswith("octlm: error: rank 0, after step ") and "Traceback" not in err
+    entry = ckpt.read_latest(out)[-1]
+    ckpt.load_checkpoint(out / ckpt.CKPT_DIR / entry["file"], entry["checksum"])  # intact
