@@ -32,9 +32,13 @@ def add_model_commands(sub: Any) -> None:
         parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     ev.add_argument("--data", help="dataset folder (default: the one the run trained on)")
     ev.add_argument("--split", choices=SPLITS, default="val")
-    ev.add_argument("--batches", type=int, default=40, help="micro-batches; 0 = the whole split")
-    ev.add_argument("--micro-batch", type=int, default=16)
-    ev.add_argument("--dtype", choices=DTYPES, default="fp32")
+    ev.add_argument(
+        "--batches",
+        type=int,
+        help="micro-batches; 0 = the whole split (default: the run's val_batches)",
+    )
+    ev.add_argument("--micro-batch", type=int, help="rows per batch (default: the run's)")
+    ev.add_argument("--dtype", choices=DTYPES, help="(default: the run's)")
     ev.add_argument(
         "--tasks",
         metavar="FILE[:N],...",
@@ -44,7 +48,9 @@ def add_model_commands(sub: Any) -> None:
         "small-suite; N items per task, a fixed seeded subset): docs/evaluation.md",
     )
     ev.add_argument(
-        "--json", action="store_true", help="with --tasks: print the scores as one JSON object"
+        "--json",
+        action="store_true",
+        help="print the numbers (or --tasks' scores) as one JSON object",
     )
     ev.add_argument(
         "--task",
@@ -164,18 +170,28 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> dict:
     """Print the model's evaluation lines; {name: (value, whether higher is better)}."""
-    from octlm.data.dataset_tokenizer import dataset_tokenizer
-    from octlm.evaluate.loss import evaluate_split
-    from octlm.generation.trained import run_dataset
-
     if tasks:
         return _score_tasks(args, model, info, tasks)
-    dataset = run_dataset(info, args.data)
-    token_bytes = dataset_tokenizer(dataset).token_bytes_table
+    return _score_loss(args, model, info)
+
+
+def _score_loss(args: argparse.Namespace, model: Any, info: Any) -> dict:
+    """The loss line and the line on what was scored: by default the run's own validation, so
+    the loss is its log's `val_loss` at this step (octlm/tools/own_val.py)."""
+    from octlm.tools.own_val import plan_eval
+
     sizes = {"batches": args.batches, "micro_batch": args.micro_batch, "dtype": args.dtype}
-    r = evaluate_split(model, dataset, token_bytes, split=args.split, **sizes)
-    where = f"{info.path}  step {info.step}  {args.split}"
-    print(f"{where}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
+    where = {"split": args.split, "data": args.data, **sizes}
+    plan = plan_eval(info, model.config.context, model_device(model), **where)
+    r = plan.score(model)
+    if args.json:
+        numbers = {"loss": r.loss, "ppl": r.ppl, "bpb": r.bpb, "tokens": r.tokens}
+        record = {"run": str(info.path), "step": info.step, "split": args.split, **numbers}
+        print(json.dumps({**record, "bytes": r.bytes, "scored": plan.summary(r)}))
+    else:
+        head = f"{info.path}  step {info.step}  {args.split}"
+        print(f"{head}: loss {r.loss:.4f}  ppl {r.ppl:.3f}  bpb {r.bpb:.4f}  ({r.tokens:,} tokens)")
+        print(plan.summary(r))
     return {"loss": (r.loss, False), "bpb": (r.bpb, False)}
 
 

@@ -105,20 +105,51 @@ def evaluate_split(
     micro_batch: int = 16,
     dtype: str = "fp32",
 ) -> EvalResult:
-    """`octlm eval`: the first `batches` micro-batches of non-overlapping windows of a split
-    (0: the whole split), at the model's context, on the model's device."""
-    checks.check("--batches", batches, checks.Int(0), "use 0 (the whole split) or more")
-    checks.check("--micro-batch", micro_batch, checks.Int(1), "use 1 or more")
-    context = model.config.context
+    """The first `batches` micro-batches of non-overlapping windows of a split (0: the whole
+    split), at the model's context, on the model's device."""
+    val = split_set(dataset, token_bytes, split, model.config.context, batches, micro_batch)
+    return validate(model, val, device=next(model.parameters()).device, dtype=dtype)
+
+
+def split_set(
+    dataset: ShardDataset,
+    token_bytes: np.ndarray,
+    split: str,
+    context: int,
+    batches: int,
+    micro_batch: int,
+) -> ValidationSet:
+    """The first `batches` micro-batches (0: all) of a split's windows at `context`: the
+    validation split's are the windows a run of that context validates on."""
     windows: Windows
     if dataset.masked:  # prompt/completion: the split's packed windows, prompts unscored
         windows = PackedWindows.of_split(dataset, split, context)
     else:  # disjoint targets: window j starts at token j * context
         stream = dataset.val if split == "val" else dataset.train
         windows = StreamWindows(stream, context, context, dataset.fingerprint)
+    return first_batches(windows, token_bytes, batches, micro_batch)
+
+
+def first_batches(
+    windows: Windows, token_bytes: np.ndarray, batches: int, micro_batch: int
+) -> ValidationSet:
+    """The first `batches` micro-batches of `micro_batch` of `windows` (0: all of them)."""
+    checks.check("--batches", batches, checks.Int(0), "use 0 (the whole split) or more")
+    checks.check("--micro-batch", micro_batch, checks.Int(1), "use 1 or more")
     n = batches * micro_batch if batches else len(windows)
-    val = ValidationSet(windows, first_windows(windows, n), micro_batch, token_bytes)
-    return validate(model, val, device=next(model.parameters()).device, dtype=dtype)
+    return ValidationSet(windows, first_windows(windows, n), micro_batch, token_bytes)
+
+
+def validate_run(
+    val: ValidationSet,
+    sources: dict[str, ValidationSet],
+    score: Callable[[ValidationSet], EvalResult],
+) -> EvalResult:
+    """A run's validation numbers, each set scored by `score`: a mixture's per dataset
+    (`sources`) and over all of them, else `val`'s. The loop's, and `octlm eval`'s."""
+    if sources:
+        return combine({name: score(s) for name, s in sources.items()})
+    return score(val)
 
 
 @torch.no_grad()

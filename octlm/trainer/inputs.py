@@ -77,6 +77,19 @@ def build_inputs(
     return Inputs(sampler, val_set, by_source, mixture.fingerprint, packing)
 
 
+def run_validation(
+    cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer
+) -> tuple[ValidationSet, dict[str, ValidationSet]]:
+    """The validation sets `build_inputs` gives a run (`Inputs.val`, `Inputs.val_sources`),
+    without its sampler: what `octlm eval` scores by default."""
+    val = windows(cfg, dataset, tokenizer, "val")
+    memorised = cfg.inputs.overfit_blocks or cfg.inputs.blocks  # validated on training windows
+    train = windows(cfg, dataset, tokenizer, "train") if memorised else val
+    mixture = open_mixture(cfg, tokenizer)
+    by_source = {} if mixture is None else mixture_validation(cfg, mixture, tokenizer)
+    return validation_set(cfg, train, val, tokenizer), by_source
+
+
 def windows(cfg: TrainConfig, dataset: ShardDataset, tokenizer: Tokenizer, split: str) -> Windows:
     """The windows a run reads from `split` ("train" or "val") of `dataset`: its packed
     examples (prompt/completion data), the --blocks blocks (train), else windows of the split's

@@ -24,7 +24,7 @@ from octlm.data.order import Sampler
 from octlm.data.shards import ShardDataset
 from octlm.device import build_info, build_notes, check_device_dtype, keep_freed_host_memory
 from octlm.errors import ResumeError
-from octlm.evaluate.loss import EvalResult, ValidationSet, combine, validate
+from octlm.evaluate.loss import EvalResult, ValidationSet, validate, validate_run
 from octlm.evaluate.tasks import AnyTask, read_tasks
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
@@ -203,9 +203,7 @@ class Run:
     # -- reading -----------------------------------------------------------------------------
     def validate(self) -> EvalResult:
         """The validation numbers; a mixture's are each dataset's, and over all of them."""
-        if self.val_sources:
-            return combine({name: self.score(val) for name, val in self.val_sources.items()})
-        return self.score(self.val)
+        return validate_run(self.val, self.val_sources, self.score)
 
     def score(self, val: ValidationSet) -> EvalResult:
         # DDP: each rank scores its share with the plain module (no collectives in forward) and

@@ -154,6 +154,13 @@ def test_the_header_records_the_packing_and_validation_counts_only_targets(data,
     assert result.tokens == logged[-1]["val_tokens"]
     assert result.loss == pytest.approx(logged[-1]["val_loss"], rel=1e-6)
     assert np.isfinite(result.bpb)
+    # `octlm eval RUN` itself is the run's own validation: the logged number, to the bit.
+    got = json.loads(octlm("eval", str(straight["accum1"]), "--json").stdout)
+    assert (got["loss"], got["tokens"]) == (logged[-1]["val_loss"], targets)
+    assert got["scored"] == (
+        f"scored 2 batches × 8 rows × 64 tokens of val: {targets:,} targets, the rest masked "
+        "(the run's own validation settings)"
+    )
 
 
 def test_a_resume_at_another_context_is_refused_in_one_line(data, straight, tmp_path) -> None:

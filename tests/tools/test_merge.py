@@ -68,8 +68,13 @@ def test_the_merge_folder_is_read_like_a_run(run, tiny_dataset, tmp_path) -> Non
     evals = [octlm("eval", str(folder), "--batches", "2").stdout for folder in (out, run)]
     assert "bpb" in evals[0] and evals[0].split(":")[1] != evals[1].split(":")[1]
     # A merge's eval also scores the newest checkpoint it was made of, and prints the change.
-    merged_line, last_line, *deltas = evals[0].splitlines()
-    assert last_line == evals[1].strip()  # the run's own newest checkpoint, on the same data
+    # Each model's line is followed by what it scored: the run's own validation windows.
+    merged_line, scored, last_line, last_scored, *deltas = evals[0].splitlines()
+    assert [last_line, last_scored] == evals[1].splitlines()  # the run's newest checkpoint
+    assert scored == last_scored.replace(
+        "the run's own validation settings",
+        "the validation settings of step_000008.safetensors, the newest checkpoint merged",
+    )
     bpb = [float(line.split("bpb ")[1].split()[0]) for line in (merged_line, last_line)]
     assert deltas[-1].startswith("merged - last (8): bpb ")
     assert float(deltas[-1].split()[5]) == pytest.approx(bpb[0] - bpb[1], abs=2e-4)
