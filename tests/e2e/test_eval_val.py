@@ -12,7 +12,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from octlm.runlog import read_log
+from octlm.runlog.reader import read_log
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import STEPS, octlm, train_args
 
