@@ -139,7 +139,10 @@ def add_sampling_flags(ev: argparse.ArgumentParser) -> None:
     spelling."""
     for name, (kind, text) in SAMPLING.items():
         flag, default = f"--{name.replace('_', '-')}", rl_default(name)
-        ev.add_argument(flag, type=kind, default=default, help=f"with a verifiable task: {text}")
+        shown = "" if default is None else f" (default: {default}, octlm rl's)"
+        ev.add_argument(
+            flag, type=kind, default=default, help=f"with a verifiable task: {text}{shown}"
+        )
     for old in RENAMED:
         ev.add_argument(old, dest=old[2:].replace("-", "_"), help=argparse.SUPPRESS)
 
