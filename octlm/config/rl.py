@@ -159,6 +159,9 @@ SECTIONS: dict[str, type] = {
 """Each section's attribute on `RLConfig` and its class, in `--help` and `--print-config`'s
 order."""
 SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+FIELDS = {f.name: f for cls in SECTIONS.values() for f in fields(cls)}
+"""Each key's field: its default, rule and role (`octlm eval --tasks` reads the sampling
+settings' defaults here, so a generative task is scored as `octlm rl` scores it)."""
 # The order RL checkpoints and log headers have always recorded the keys in (JSON objects keep
 # insertion order): kept, so an RL run's files are the bytes they were before the sections. A
 # new key is appended here and given to its section.

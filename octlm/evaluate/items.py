@@ -67,9 +67,10 @@ class Item:
 
 
 @dataclass(frozen=True)
-class StandardTask:
-    """A named task of a suite: its items (a fixed, seeded subset when capped) and the chance
-    level its centered score is measured from."""
+class CategoricalTask:
+    """The task protocol's categorical kind (`octlm/evaluate/protocol.py`): a named list of
+    items whose options are scored, never sampled (a suite's task, a fixed seeded subset when
+    capped; a task file), and the chance level its centered score is measured from."""
 
     name: str
     items: tuple[Item, ...]
@@ -77,6 +78,9 @@ class StandardTask:
     """Chance accuracy: centered = (acc - baseline) / (1 - baseline). 0 for lm and bpb."""
     source: str = ""
     """Where the items come from (the package's file), for the report and the docs."""
+    metrics: str = "core"
+    """What its score reports: "core" (the format's accuracy, centered, and bpb) or "lm-eval"
+    (acc and acc_norm, lm-eval's: octlm's multiple-choice layouts)."""
 
 
 def centered(acc: float, baseline: float) -> float:

@@ -1,5 +1,7 @@
-"""A suite's tasks scored by a model: each item's chosen answer by its format's rule, each
-task's metric and centered score, and the suite's aggregate (CORE: the mean centered accuracy).
+"""The one scorer of categorical tasks (octlm's multiple-choice files, the suites, files in their
+formats): each item's chosen answer by its format's rule (mc with lm-eval's acc and acc_norm
+beside), each task's metric and centered score, and the suite's aggregate (CORE: the mean
+centered accuracy).
 
 Scoring runs in eval mode under no_grad inside `fork_rng`: it never moves a training bit, and
 the same model scores the same items to the same numbers (the batches are fixed by the items'
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from octlm.evaluate.items import Item, StandardTask, centered
+from octlm.evaluate.items import CategoricalTask, Item, centered
 from octlm.evaluate.likelihood import Continuation, encode_pair, scored_quietly
 from octlm.tokenizer.core import Tokenizer
 
@@ -48,8 +50,12 @@ class TaskResult:
     bpb: float
     """The mean gold bits per byte (every format)."""
     acc_sum: float | None = None
+    """mc: lm-eval's acc (the summed log-likelihood picks the gold)."""
     acc_char: float | None = None
+    """mc: lm-eval's acc_norm (the log-likelihood per character picks the gold)."""
     per_item: tuple[ItemResult, ...] = ()
+    metrics: str = "core"
+    """The task's `metrics`: what its line and log fields show."""
 
 
 def judge(item: Item, scored: list[Continuation], texts: list[str]) -> ItemResult:
@@ -70,8 +76,8 @@ def judge(item: Item, scored: list[Continuation], texts: list[str]) -> ItemResul
     return ItemResult(mean, mean == item.gold, bpb, total == item.gold, per_char == item.gold)
 
 
-def score_standard(
-    model: nn.Module, task: StandardTask, tok: Tokenizer, context: int, device: torch.device
+def score_categorical(
+    model: nn.Module, task: CategoricalTask, tok: Tokenizer, context: int, device: torch.device
 ) -> TaskResult:
     """`task` scored by `model` (eval mode, generators untouched)."""
     pairs, texts = [], []
@@ -88,17 +94,20 @@ def score_standard(
     return summarise(task, tuple(results))
 
 
-def summarise(task: StandardTask, results: tuple[ItemResult, ...]) -> TaskResult:
+def summarise(task: CategoricalTask, results: tuple[ItemResult, ...]) -> TaskResult:
     n = len(results)
     kind = task.items[0].kind
     bpb = sum(r.bpb for r in results) / n
     if kind == "bpb":
-        return TaskResult(task.name, kind, n, bpb, None, 0.0, bpb, per_item=results)
+        return TaskResult(
+            task.name, kind, n, bpb, None, 0.0, bpb, per_item=results, metrics=task.metrics
+        )
     acc = sum(r.right for r in results) / n
     sums = sum(r.acc_sum for r in results) / n if kind == "mc" else None
     chars = sum(r.acc_char for r in results) / n if kind == "mc" else None
     score = centered(acc, task.baseline)
-    return TaskResult(task.name, kind, n, acc, score, task.baseline, bpb, sums, chars, results)
+    numbers = (acc, score, task.baseline, bpb, sums, chars, results, task.metrics)
+    return TaskResult(task.name, kind, n, *numbers)
 
 
 def aggregate(results: list[TaskResult]) -> dict[str, float]:

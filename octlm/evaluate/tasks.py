@@ -1,6 +1,7 @@
-"""Multiple-choice tasks scored by the model, as lm-evaluation-harness scores them: which
+"""Task files: the categorical tasks (`protocol.py`) a user writes or octlm ships, read line by
+line. Octlm's multiple-choice layouts are scored as lm-evaluation-harness scores them: which
 continuation of a context the model finds likeliest (`acc`), and likeliest per character of the
-continuation (`acc_norm`, lm-eval's length-normalised accuracy).
+continuation (`acc_norm`, lm-eval's length-normalised accuracy), by `scoring.py`'s one scorer.
 
 A task is a JSON-lines file, one question a line, in one of three layouts:
 
@@ -24,14 +25,10 @@ from __future__ import annotations
 import io
 import json
 import unicodedata
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from octlm.config.checks import Int, shown
-from octlm.config.run import TASKS_FIX, task_spec, task_specs
+from octlm.config.run import TASKS_FIX, task_spec
 from octlm.errors import OctlmError
 from octlm.evaluate.fields import (
     LINE_FIX,
@@ -41,11 +38,8 @@ from octlm.evaluate.fields import (
     texts_field,
 )
 from octlm.evaluate.item_lines import chance, item_of
-from octlm.evaluate.items import Item, StandardTask
-from octlm.evaluate.likelihood import encode_pair, scored_quietly
-from octlm.evaluate.scoring import TaskResult, aggregate, score_standard
-from octlm.evaluate.suites import SUITES, suite_tasks
-from octlm.tokenizer.core import Tokenizer
+from octlm.evaluate.items import CategoricalTask, Item
+from octlm.evaluate.suites import SUITES
 
 SHOWN_PATH = 200
 """An error line shows at most this much of a path (a spec may be thousands of characters)."""
@@ -54,36 +48,15 @@ SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "tasks"
 lines of the works the embedded corpus' default split holds out (scripts/build_tasks.py)."""
 
 
-@dataclass(frozen=True)
-class Question:
-    context: str
-    choices: tuple[str, ...]
-    gold: int
-    delimiter: str = " "
-
-
-@dataclass(frozen=True)
-class Task:
-    name: str
-    questions: tuple[Question, ...]
-
-
-@dataclass(frozen=True)
-class TaskScore:
-    acc: float
-    acc_norm: float
-    questions: int
-
-
-def question_of(record: object) -> Question:
-    """One line of a task file, in any of the three layouts (see the module docstring); a
-    TaskLineError names the field that is wrong."""
+def question_of(record: object) -> Item:
+    """One line of a task file, in any of the three layouts (see the module docstring), as an
+    mc item; a TaskLineError names the field that is wrong."""
     if not isinstance(record, dict):
         raise OctlmError(f"is not a JSON object but {shown(record)}", LINE_FIX)
     if "ctx" in record or "endings" in record:  # HellaSwag
         endings = texts_field(record, "endings")
-        return Question(
-            text_field(record, "ctx"), endings, index_field(record, "label", len(endings))
+        return Item(
+            (text_field(record, "ctx"),), endings, index_field(record, "label", len(endings))
         )
     if "answerKey" in record or "question" in record:  # ARC
         return arc_question(record)
@@ -94,12 +67,12 @@ def question_of(record: object) -> Question:
         )
     choices = texts_field(record, "choices")
     gold = index_field(record, "gold", len(choices))
-    return Question(
-        text_field(record, "context"), choices, gold, text_field(record, "delimiter", " ")
+    return Item(
+        (text_field(record, "context"),), choices, gold, "mc", text_field(record, "delimiter", " ")
     )
 
 
-def arc_question(record: dict) -> Question:
+def arc_question(record: dict) -> Item:
     question, table = text_field(record, "question"), record.get("choices")
     if not isinstance(table, dict):
         raise TaskLineError(
@@ -113,7 +86,7 @@ def arc_question(record: dict) -> Question:
         raise TaskLineError(
             "answerKey", f"{shown(key)} is not one of the labels {shown(list(labels))}"
         )
-    return Question(f"Question: {question}\nAnswer:", texts, labels.index(key))
+    return Item((f"Question: {question}\nAnswer:",), texts, labels.index(key))
 
 
 def shown_path(path: Path | str) -> str:
@@ -179,18 +152,21 @@ def task_lines(file: Path) -> list[tuple[int, str]]:
     return [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
 
 
-def read_task(spec: str) -> Task:
-    """`FILE` or `FILE:N` (its first N questions) as a Task named by the file's stem."""
+def read_task(spec: str) -> CategoricalTask:
+    """`FILE` or `FILE:N` (its first N questions) as a task named by the file's stem."""
     return load_task(*task_spec("task", spec.strip()))
 
 
-def load_task(path: str, limit: int | None) -> Task | StandardTask:
+def load_task(path: str, limit: int | None) -> CategoricalTask:
     """The first `limit` questions (all: None) of a task file or shipped task, each line
-    checked field by field: an error names the file, the line and the field."""
+    checked field by field: an error names the file, the line and the field. One layout per
+    file: octlm's multiple-choice layouts (`question`: scored as lm-eval scores them) or one
+    standard format (a line with "format")."""
     file = task_file(path)
-    questions: list = []  # Questions, or (a line with "format") Items: one kind per file
+    items: list[Item] = []
+    layouts: list[str] = []
     for number, line in task_lines(file):
-        if limit is not None and len(questions) == limit:
+        if limit is not None and len(items) == limit:
             break
         where = f"{shown_path(file)}:{number}"
         try:
@@ -201,31 +177,21 @@ def load_task(path: str, limit: int | None) -> Task | StandardTask:
             ) from None
         try:
             standard = isinstance(record, dict) and "format" in record
-            questions.append(item_of(record) if standard else question_of(record))
-            if line_kind(questions[-1]) != line_kind(questions[0]):
+            items.append(item_of(record) if standard else question_of(record))
+            layouts.append(items[-1].kind if standard else "question")
+            if layouts[-1] != layouts[0]:
                 raise OctlmError(
-                    f"is a {line_kind(questions[-1])} line in a file of {line_kind(questions[0])}",
+                    f"is a {layouts[-1]} line in a file of {layouts[0]}",
                     "give each format its own task file",
                 )
         except OctlmError as exc:
             raise OctlmError(f"{where}: {exc.problem}", exc.fix) from None
-    if not questions:
+    if not items:
         raise OctlmError(
             f"task file {shown_path(file)} holds no question", "add questions, one per line"
         )
-    if isinstance(questions[0], Item):
-        items = tuple(questions)
-        return StandardTask(file.stem, items, chance(items), shown_path(file))
-    return Task(file.stem, tuple(questions))
-
-
-def line_kind(line: Question | Item) -> str:
-    """A task file line's format: its Item's, or `question` (the multiple-choice layouts)."""
-    return line.kind if isinstance(line, Item) else "question"
-
-
-AnyTask = Task | StandardTask
-AnyScore = TaskScore | TaskResult
+    metrics = "lm-eval" if layouts[0] == "question" else "core"
+    return CategoricalTask(file.stem, tuple(items), chance(tuple(items)), shown_path(file), metrics)
 
 
 def is_suite(spec: str) -> bool:
@@ -233,88 +199,3 @@ def is_suite(spec: str) -> bool:
     of that name wins)."""
     name = spec.strip().partition(":")[0]
     return name.partition("/")[0] in SUITES and not is_file(Path(name))
-
-
-def read_tasks(specs: str, label: str = "--tasks") -> list[AnyTask]:
-    """`FILE[:N]` and `SUITE[/TASK][:N]` specs, comma-separated, as tasks (at least one); two
-    of one name are refused (their numbers would mix). A suite's tasks are named
-    `SUITE/TASK`."""
-    tasks: list[AnyTask] = []
-    for part in (p for p in specs.split(",") if p.strip()):
-        if is_suite(part):
-            suite = part.strip().partition("/")[0].partition(":")[0]
-            tasks += [replace(t, name=f"{suite}/{t.name}") for t in suite_tasks(part)]
-        else:
-            tasks += [load_task(path, limit) for path, limit in task_specs(label, part)]
-    if not tasks:
-        task_specs(label, specs)  # its one line for a list that names nothing
-    names = [t.name for t in tasks]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise OctlmError(
-            f"two task files share the name {shown(twice[0])}",
-            "rename one (the name is the file's stem)",
-        )
-    return tasks
-
-
-def score_task(
-    model: nn.Module, task: Task, tok: Tokenizer, context: int, device: torch.device
-) -> TaskScore:
-    """acc and acc_norm of `model` on `task` (eval mode, generators untouched)."""
-    pairs = [
-        encode_pair(tok, q.context, q.delimiter + c) for q in task.questions for c in q.choices
-    ]
-    scores = [c.loglik for c in scored_quietly(model, pairs, context, device)]
-    right = right_norm = 0
-    at = 0
-    for q in task.questions:
-        ll = scores[at : at + len(q.choices)]
-        at += len(q.choices)
-        # lm-eval divides by the choice's characters, its delimiter not counted.
-        norm = [x / max(1, len(c)) for x, c in zip(ll, q.choices, strict=True)]
-        right += int(max(range(len(ll)), key=ll.__getitem__) == q.gold)
-        right_norm += int(max(range(len(norm)), key=norm.__getitem__) == q.gold)
-    n = len(task.questions)
-    return TaskScore(right / n, right_norm / n, n)
-
-
-def score_any(
-    model: nn.Module, task: AnyTask, tok: Tokenizer, context: int, device: torch.device
-) -> AnyScore:
-    if isinstance(task, StandardTask):
-        return score_standard(model, task, tok, context, device)
-    return score_task(model, task, tok, context, device)
-
-
-def task_fields(scores: dict[str, AnyScore]) -> dict[str, float]:
-    """Flat log fields (trackers chart them as `val/...`): a task file's `acc/NAME` and
-    `acc_norm/NAME`; a suite task's `acc/SUITE/TASK` (its format's accuracy), `centered/...`
-    and `bpb/...` (its gold bits per byte), and each suite's `centered/SUITE` and `bpb/SUITE`
-    (`scoring.aggregate`)."""
-    out: dict[str, float] = {}
-    suites: dict[str, list[TaskResult]] = {}
-    for name, s in scores.items():
-        if isinstance(s, TaskScore):
-            out[f"acc/{name}"], out[f"acc_norm/{name}"] = s.acc, s.acc_norm
-            continue
-        if s.centered is not None:
-            out[f"acc/{name}"], out[f"centered/{name}"] = s.metric, s.centered
-        out[f"bpb/{name}"] = s.bpb
-        if "/" in name:  # a suite's task; a task file in a standard format stands alone
-            suites.setdefault(name.partition("/")[0], []).append(s)
-    for suite, results in suites.items():
-        out |= {f"{key}/{suite}": value for key, value in aggregate(results).items()}
-    return out
-
-
-def score_line(name: str, s: AnyScore) -> str:
-    """One task's numbers, as `octlm eval` and the progress line print them."""
-    if isinstance(s, TaskScore):
-        return f"{name}: acc {s.acc:.4f}  acc_norm {s.acc_norm:.4f}  ({s.questions} questions)"
-    if s.centered is None:
-        return f"{name}: bpb {s.bpb:.4f}  ({s.items} items)"
-    return (
-        f"{name}: acc {s.metric:.4f}  centered {s.centered:+.4f}  (chance {s.baseline:.3f}, "
-        f"{s.kind}, {s.items} items)"
-    )

@@ -13,8 +13,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from octlm.config.rl import RLConfig
+from octlm.evaluate.protocol import GenerativeTask
 from octlm.model.gpt import GPT
 from octlm.rl.rollout import HELDOUT, reply_seed, sample_group
+from octlm.rl.run import check_lengths
 from octlm.rl.tasks import Problem, Task
 from octlm.tokenizer.core import Tokenizer
 
@@ -39,6 +42,13 @@ class HeldoutScore:
             "heldout_cut": self.cut,
             "heldout_prompts": self.prompts,
         }
+
+    def line(self) -> str:
+        """The score as `octlm eval` prints it."""
+        return (
+            f"pass@1 {self.pass1:.4f}  pass@{self.k} {self.passk:.4f}  reward {self.reward:.4f}  "
+            f"cut {self.cut:.4f}  ({self.prompts} held-out prompts, {self.k} replies each)"
+        )
 
 
 def count_correct(
@@ -108,3 +118,18 @@ def score_heldout(
     counts = count_correct(model, tokenizer, task, problems, mine, k=k, seed=seed, **sampling)
     every = [c for part in gather(counts) for c in part] if gather else counts  # type: ignore[union-attr]
     return summarise(every, k)
+
+
+def heldout_task(task: Task, settings: RLConfig) -> GenerativeTask:
+    """`task` as the task protocol's generative kind: its held-out pass@1 and pass@k, sampled
+    with `settings` as `octlm rl` samples its held-out evaluation (the lengths checked first)."""
+
+    def scored(model: GPT, tokenizer: Tokenizer, context: int) -> HeldoutScore:
+        check_lengths(settings, task, tokenizer, context)
+        sampling = {k: getattr(settings, k) for k in ("max_new_tokens", "temperature", "top_k")}
+        k, prompts = settings.pass_k, settings.eval_prompts
+        return score_heldout(
+            model, tokenizer, task, prompts=prompts, k=k, seed=settings.seed, **sampling
+        )
+
+    return GenerativeTask(task.name, scored)

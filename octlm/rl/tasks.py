@@ -231,6 +231,11 @@ KNOWN = "addition[:DIGITS], sorting[:LENGTH], count, or reasoning_gym:NAME"
 GYM = "reasoning_gym"
 
 
+def is_task_name(spec: str) -> bool:
+    """Whether `spec` names a task of this module (right or wrong after its colon)."""
+    return spec.partition(":")[0] in {*BUILT_IN, *BUILT_IN_PLAIN, GYM}
+
+
 def get_task(spec: str) -> Task:
     """The task a spec names: `addition` (2 digits) or `addition:N` (N from 1 to 15),
     `sorting` (4 numbers) or `sorting:N` (2 to 16), `count`, `reasoning_gym:NAME`; anything

@@ -21,7 +21,7 @@ from octlm.config.train import TrainConfig
 from octlm.device import build_info, memory_mb, peak_flops
 from octlm.errors import OctlmError
 from octlm.evaluate.loss import EvalResult
-from octlm.evaluate.tasks import AnyScore, TaskScore, score_any, score_line, task_fields
+from octlm.evaluate.protocol import AnyScore, progress_part, score, task_fields
 from octlm.hashing import tensor_digests, weights_sha256
 from octlm.runlog.writer import RunLog
 from octlm.trainer.guards import StopFlag
@@ -156,11 +156,7 @@ class Progress:
     def val(self, step: int, ev: EvalResult, scores: dict[str, AnyScore]) -> None:
         if self.main:
             parts = ", ".join(f"{n} {e.bpb:.4f}" for n, e in (ev.sources or {}).items())
-            tasks = "".join(
-                f"  {n} acc_norm {s.acc_norm:.3f}" if isinstance(s, TaskScore)
-                else f"\n  {score_line(n, s)}"
-                for n, s in scores.items()
-            )  # fmt: skip
+            tasks = "".join(progress_part(n, s) for n, s in scores.items())
             self.bar.write(
                 f"step {step}: val_loss {ev.loss:.4f}  ppl {ev.ppl:.2f}  bpb {ev.bpb:.4f}"
                 + (f"  (bpb: {parts})" if parts else "")
@@ -178,7 +174,7 @@ def task_scores(run: Run) -> dict[str, AnyScore]:
     fsdp = run.dist.enabled and run.cfg.hardware.parallel == "fsdp"
     model = run.setup.forward if fsdp else run.model
     context = run.model_config.context
-    return {t.name: score_any(model, t, run.tokenizer, context, run.device) for t in run.tasks}
+    return {t.name: score(model, t, run.tokenizer, context, run.device) for t in run.tasks}
 
 
 def advance(run: Run, *, validating: bool, digesting: bool = False) -> StepResult:

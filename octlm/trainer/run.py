@@ -25,7 +25,7 @@ from octlm.data.shards import ShardDataset
 from octlm.device import build_info, build_notes, check_device_dtype, keep_freed_host_memory
 from octlm.errors import ResumeError
 from octlm.evaluate.loss import EvalResult, ValidationSet, validate, validate_run
-from octlm.evaluate.tasks import AnyTask, read_tasks
+from octlm.evaluate.protocol import AnyTask, read_tasks
 from octlm.hashing import weights_sha256
 from octlm.model.gpt import GPT
 from octlm.runlog.writer import git_commit

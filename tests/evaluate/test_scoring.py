@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from octlm.evaluate.items import Item, StandardTask, centered
+from octlm.evaluate.items import CategoricalTask, Item, centered
 from octlm.evaluate.likelihood import encode_pair
-from octlm.evaluate.scoring import aggregate, score_standard
+from octlm.evaluate.scoring import aggregate, score_categorical
 from octlm.model.gpt import GPT
 from octlm.model.hf import hf_config, hf_state_dict
 from tests.unit_model import unit_config
@@ -73,11 +73,11 @@ def model() -> GPT:
 
 @pytest.mark.parametrize("kind", ["mc", "schema", "lm", "bpb"])
 def test_each_item_is_judged_as_one_forward_per_option_judges_it(model, tiny_tokenizer, kind):
-    task = StandardTask(kind, items_of(kind), baseline=0.25 if kind == "mc" else 0.0)
+    task = CategoricalTask(kind, items_of(kind), baseline=0.25 if kind == "mc" else 0.0)
     state = torch.get_rng_state()
-    result = score_standard(model, task, tiny_tokenizer, 64, torch.device("cpu"))
+    result = score_categorical(model, task, tiny_tokenizer, 64, torch.device("cpu"))
     assert model.training and torch.equal(state, torch.get_rng_state())
-    again = score_standard(model, task, tiny_tokenizer, 64, torch.device("cpu"))
+    again = score_categorical(model, task, tiny_tokenizer, 64, torch.device("cpu"))
     assert again == result
     model.eval()
     for item, got in zip(task.items, result.per_item, strict=True):
@@ -105,7 +105,7 @@ def test_greedy_exact_match_is_right_on_the_models_own_continuation(model, tiny_
     own = tiny_tokenizer.decode(ids[len(head) :])
     model.train()
     items = (Item(("the king said",), (own,), delimiter=""), Item(("the king said",), (" zz",)))
-    result = score_standard(model, StandardTask("lm", tuple(
+    result = score_categorical(model, CategoricalTask("lm", tuple(
         Item(i.contexts, i.continuations, kind="lm", delimiter=i.delimiter) for i in items
     )), tiny_tokenizer, 64, torch.device("cpu"))  # fmt: skip
     assert [r.right for r in result.per_item] == [True, False]
@@ -122,8 +122,8 @@ def test_the_choices_equal_transformers_on_the_export(model, tiny_tokenizer, kin
     assert set(missing.missing_keys) <= {"lm_head.weight"}  # tied to the embedding
     hf.tie_weights()
     hf.eval()
-    task = StandardTask(kind, items_of(kind))
-    ours = score_standard(model, task, tiny_tokenizer, 64, torch.device("cpu"))
+    task = CategoricalTask(kind, items_of(kind))
+    ours = score_categorical(model, task, tiny_tokenizer, 64, torch.device("cpu"))
 
     class Wrapped(torch.nn.Module):  # transformers' logits through octlm's brute force
         def forward(self, ids: torch.Tensor) -> torch.Tensor:

