@@ -3,12 +3,14 @@ this checkout's interpreter; only its step counts are set small."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from octlm.runlog.reader import read_log
 from tests.doc_blocks import run_block, section_blocks, shim, shim_env
+from tests.e2e.helpers import end_hash
 
 pytestmark = pytest.mark.slow
 
@@ -30,3 +32,9 @@ def test_the_walkthrough_runs(tmp_path) -> None:
     scored = [line for line in result.stdout.splitlines() if "task sorting:2: pass@1" in line]
     assert len(scored) == 2 and "runs/sort/" in scored[0] and "runs/rl/" in scored[1]
     assert (work / "rl.html").is_file()
+    # The next section runs in the same folder, on the walkthrough's fine-tune.
+    (block,) = section_blocks(DOC, "Settings files, Python, verify")
+    result = run_block(block, work, env)
+    assert tomllib.loads((work / "rl.toml").read_text())["task"] == "sorting:2"
+    assert end_hash(work / "runs" / "rl-file") == result.stdout.strip().splitlines()[-1]
+    assert "split@2" in result.stdout and "bit for bit" in result.stdout

@@ -86,6 +86,10 @@ class PolicySettings:
     def __post_init__(self) -> None:
         check_section(self)
 
+    def sampling(self) -> dict[str, Any]:
+        """How a reply is sampled, rollout or held-out: `generate`'s keywords."""
+        return {k: getattr(self, k) for k in ("max_new_tokens", "temperature", "top_k")}
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HeldoutSettings:

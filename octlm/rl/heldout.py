@@ -126,8 +126,7 @@ def heldout_task(task: Task, settings: RLConfig) -> GenerativeTask:
 
     def scored(model: GPT, tokenizer: Tokenizer, context: int) -> HeldoutScore:
         check_lengths(settings, task, tokenizer, context)
-        sampling = {k: getattr(settings, k) for k in ("max_new_tokens", "temperature", "top_k")}
-        k, prompts = settings.pass_k, settings.eval_prompts
+        k, prompts, sampling = settings.pass_k, settings.eval_prompts, settings.policy.sampling()
         return score_heldout(
             model, tokenizer, task, prompts=prompts, k=k, seed=settings.seed, **sampling
         )

@@ -83,9 +83,7 @@ def rollouts(run: RLRun, step: int) -> list[Group]:
                 run.task.problem(cfg.seed, step, p),
                 index=p,
                 seeds=[reply_seed(cfg.seed, step, p, j) for j in range(cfg.samples)],
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_k=cfg.top_k,
+                **cfg.policy.sampling(),
             )
         )
     return out
@@ -114,9 +112,7 @@ def heldout(run: RLRun) -> HeldoutScore:
         prompts=cfg.eval_prompts,
         k=cfg.pass_k,
         seed=cfg.seed,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k,
+        **cfg.policy.sampling(),
         rank=run.dist.rank,
         world=run.dist.world,
         gather=(lambda obj: gather_objects(obj, run.dist)) if run.dist.enabled else None,
