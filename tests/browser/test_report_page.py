@@ -215,7 +215,7 @@ def test_settings_show_the_packing_of_a_run_that_has_one(browser, runs, tmp_path
     seen = open_page(browser, out)
     text = seen.page.locator("#settings").inner_text()
     assert "Training rows (packing)" in text and "cropped" in text and "padded" in text
-    assert "Training settings: optim" in text and "Training settings: inputs" in text
+    assert "Settings: optim" in text and "Settings: inputs" in text
     assert "muon_lr" not in text  # an AdamW run: Muon's keys do not apply
     assert seen.errors == []
     seen.page.close()

@@ -69,7 +69,7 @@ def test_the_rl_run_is_embedded_with_its_own_columns(report: Path, rl_run: Path)
     assert list(rl["rl"]["pass_at"]) == ["pass@1", f"pass@{K}"]
     assert rl["rl"]["pass_at"]["pass@1"] == [v["pass@1"] for v in vals]
     assert (rl["rl"]["settings"]["prompts"], rl["rl"]["settings"]["samples"]) == (P, G)
-    assert rl["config_sections"] == {} and rl["grad_clip"] == 1.0
+    assert rl["config_sections"]["policy"]["task"] == "addition:1" and rl["grad_clip"] == 1.0
     assert [e["event"] for e in rl["events"]] == ["resume"]
     presets = [p["name"] for p in data["presets"]]
     assert "run: ft" in presets and "run: rl" not in presets  # RL's lr is no schedule preset
@@ -133,8 +133,8 @@ def test_the_page_says_what_the_rl_run_is(browser, report: Path, rl_run: Path, s
     assert rl[:2] == ["rl (RL)", "finished"]
     assert page.locator("#loss-note").is_visible()
     settings = page.locator("#settings").inner_text()
-    assert "RL settings" in settings and "RL source" in settings
-    assert "Training settings: optim" in settings  # the fine-tune's, beside
+    assert "Settings: policy" in settings and "RL source" in settings
+    assert "Settings: optim" in settings  # the fine-tune's, beside
     assert page.locator("#sched-preset option", has_text="run: rl").count() == 0
     assert seen.errors == []
     page.close()

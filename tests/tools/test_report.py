@@ -384,7 +384,7 @@ def test_standard_suites_are_collected_per_validation_and_at_the_latest(tmp_path
     assert plain["suites"] == [] and plain["suite_centered"] == plain["suite_bpb"] == {}
 
 
-def test_an_rl_run_has_its_settings_rollouts_and_pass_at_k_not_training_settings(
+def test_an_rl_run_has_its_sectioned_settings_rollouts_and_pass_at_k(
     tmp_path: Path,
 ) -> None:
     assert RL_KIND == KIND  # the report does not import torch to read it
@@ -397,7 +397,9 @@ def test_an_rl_run_has_its_settings_rollouts_and_pass_at_k_not_training_settings
     assert rl["pass_at"]["pass@16"] == [None, 1.0]
     assert rl["val"]["heldout_reward"] == [0.5, 0.5]
     assert data["val"]["tokens"] == [80, 160]  # the sampled tokens by then
-    assert data["config"] == {} and data["config_sections"] == {}  # no empty training shape
+    assert data["config"] == {}  # no empty training shape
+    sections = data["config_sections"]  # RL's sections (config/rl.py), beside training's
+    assert sections["policy"]["task"] == "addition" and list(sections)[0] == "policy"
     assert data["grad_clip"] == 0.5  # the RL run's own clipping
     names = [p["name"] for p in page.page_data([data], "t")["presets"]]
     assert not any(n.startswith("run: ") for n in names)  # its linear lr is no preset

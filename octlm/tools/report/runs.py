@@ -14,6 +14,7 @@ from typing import Any
 
 from octlm.config.checks import shown, shown_path
 from octlm.config.shape import SHAPE_KEYS
+from octlm.config.rl import sectioned as rl_sectioned
 from octlm.config.train import sectioned
 from octlm.errors import OctlmError
 from octlm.runlog.reader import read_log_counted, require_log
@@ -86,15 +87,17 @@ def load_run(run: str | Path, name: str | None = None) -> dict[str, Any]:
     config = header.get("config") if isinstance(header.get("config"), dict) else {}
     folder = path.parent
     rl = _rl(header, steps, vals)
-    # An RL run has no training config: its settings are its own (`rl`), shown apart.
+    # An RL run has no training config: its settings are its own (`rl`), in RL's sections,
+    # whose run/hardware/observe keys are training's (a shared key lines up in one row).
     resolved = _resolved(config, header.get("model_config")) if rl is None else {}
+    sections = sectioned(resolved) if rl is None else rl_sectioned(rl["settings"])
     return {
         "name": name or folder.name,
         "path": str(folder.resolve()),
         **{k: header.get(k) for k in HEADER_FIELDS},
         "config": resolved,
         # The settings table's groups: by section, the keys that do not apply left out.
-        "config_sections": sectioned(resolved),
+        "config_sections": sections,
         "grad_clip": number((config if rl is None else rl["settings"]).get("grad_clip")) or 0,
         "steps": {k: [number(r.get(k)) for r in steps] for k in STEP_FIELDS},
         "skipped": [r.get("step") for r in steps if r.get("skipped")],

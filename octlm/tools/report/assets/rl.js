@@ -112,15 +112,15 @@ function drawRlTable(runs) {
   document.getElementById("rl-runs").replaceChildren(table(head, rows));
 }
 
-// The RL runs' own settings, source and optimizer, first in the settings, open.
+// The RL runs' source and optimizer, first in the settings, open (their settings are in the
+// sections' tables, beside training's: octlm/config/rl.py).
 function addRlSettings(runs) {
   const groups = [
-    ["RL settings", runs.map((r) => r.rl && r.rl.settings)],
     ["RL source", runs.map((r) => r.rl && r.rl.source)],
     ["RL optimizer (the source run's)", runs.map((r) => r.rl && r.rl.optim)],
   ];
   document.getElementById("settings").prepend(...groups.map(([title, objs], k) =>
-    h("details", { open: k < 2 ? "" : null }, h("summary", {}, title),
+    h("details", { open: k < 1 ? "" : null }, h("summary", {}, title),
       h("div", { class: "scroll" }, compareTable(runs, objs)))));
 }
 

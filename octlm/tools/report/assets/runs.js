@@ -245,7 +245,7 @@ function drawSettings(runs) {
     for (const s of Object.keys(r.config_sections || {})) if (!sections.includes(s)) sections.push(s);
   }
   const groups = [
-    ...sections.map((s) => [`Training settings: ${s}`, runs.map((r) => (r.config_sections || {})[s])]),
+    ...sections.map((s) => [`Settings: ${s}`, runs.map((r) => (r.config_sections || {})[s])]),
     ["Fingerprints", runs.map((r) => r.fingerprints)],
     ["Build", runs.map((r) => r.build)],
     ["Model", runs.map((r) => r.model_config)],
