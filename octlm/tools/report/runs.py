@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config.checks import shown, shown_path
-from octlm.config.shape import SHAPE_KEYS
 from octlm.config.rl import sectioned as rl_sectioned
+from octlm.config.shape import SHAPE_KEYS
 from octlm.config.train import sectioned
 from octlm.errors import OctlmError
 from octlm.runlog.reader import read_log_counted, require_log
