@@ -35,7 +35,7 @@ from octlm.config.rules import (
     setting,
     trajectory,
 )
-from octlm.config.run import device_problem, trackers_problem
+from octlm.config.run import device_problem, profile_problem, profile_window, trackers_problem
 from octlm.config.train import FIELDS as TRAIN_FIELDS
 
 MAX_GROUP = 4096
@@ -120,6 +120,9 @@ class RLRunSettings:
     keep_last: int = same_as_training("keep_last")
     stop_at: int | None = same_as_training("stop_at")
     resume: bool = same_as_training("resume")
+    skip_nonfinite: bool = same_as_training("skip_nonfinite")
+    """Skip an RL step whose loss or gradient norm is not finite (no update; counted in the
+    log) instead of stopping."""
 
     def __post_init__(self) -> None:
         check_section(self)
@@ -141,10 +144,15 @@ class RLHardwareSettings:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RLObserveSettings:
-    """What watches the run without changing it: the progress bar and trackers."""
+    """What watches the run without changing it: the progress bar, trackers, weights hashes and
+    the profiler."""
 
     log_to: str | None = same_as_training("log_to")
     progress: bool | None = same_as_training("progress")
+    hash_every: int | None = same_as_training("hash_every")
+    """Write the model's weights_sha256 to the log every N steps; default: at every held-out
+    score; 0: only at the end."""
+    profile_steps: str | None = same_as_training("profile_steps")
 
     def __post_init__(self) -> None:
         check_section(self)
@@ -173,7 +181,12 @@ KEY_ORDER = (
     *("source", "task", "out", "prompts", "samples", "max_new_tokens", "temperature", "top_k"),
     *("steps", "lr", "grad_clip", "seed", "eval_every", "eval_prompts", "pass_k", "ckpt_every"),
     *("keep_last", "stop_at", "resume", "log_to", "progress", "device", "dist_timeout"),
+    *("skip_nonfinite", "hash_every", "profile_steps"),
 )
+ADDED_KEYS = ("skip_nonfinite", "hash_every", "profile_steps")
+"""Keys added after RL runs existed: `to_dict()` records one only when it is not at its
+default, so what an RL run records of its settings stays the bytes it always was unless the
+run uses them (they decide no bit of the trajectory)."""
 if set(KEY_ORDER) != set(SECTION_OF) or len(KEY_ORDER) != len(SECTION_OF):
     raise TypeError(f"KEY_ORDER and the RL sections differ: {set(KEY_ORDER) ^ set(SECTION_OF)}")
 TRAJECTORY_KEYS = ("task", "prompts", "samples", "max_new_tokens", "temperature", "top_k")
@@ -211,10 +224,25 @@ class RLConfig:
         steps, stop_at = self.policy.steps, self.run.stop_at
         if stop_at is not None:
             require(stop_at <= steps, f"stop_at={stop_at} must be between 1 and steps={steps}")
+        problem = profile_problem(self.observe.profile_steps, False, steps, self.run.out)
+        if problem is not None:
+            raise ConfigError(*problem)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every key, flat, in `KEY_ORDER` (what checkpoints and log headers record)."""
-        return {k: getattr(getattr(self, SECTION_OF[k]), k) for k in KEY_ORDER}
+        """Every key, flat, in `KEY_ORDER` (what checkpoints and log headers record; an
+        `ADDED_KEYS` key only when set)."""
+        values = {k: getattr(getattr(self, SECTION_OF[k]), k) for k in KEY_ORDER}
+        return {k: v for k, v in values.items() if k not in ADDED_KEYS or v != FIELDS[k].default}
+
+    @property
+    def hash_interval(self) -> int:
+        """Steps between weights hashes in the log: hash_every, by default eval_every."""
+        every = self.observe.hash_every
+        return self.heldout.eval_every if every is None else every
+
+    @property
+    def profile_window(self) -> tuple[int, int] | None:
+        return profile_window(self.observe.profile_steps, self.policy.steps)
 
     def by_section(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, in `SECTIONS` order (`--print-config`, the report)."""

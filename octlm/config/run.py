@@ -13,6 +13,7 @@ from pathlib import Path
 
 from octlm.config import checks
 from octlm.config.rules import (
+    CHANGE_IT,
     ConfigError,
     check_section,
     declared_rules,
@@ -303,6 +304,26 @@ RULES = {
     **declared_rules(RunSettings),
     **declared_rules(ObserveSettings),
 }
+
+
+def profile_window(profile_steps: str | None, steps: int) -> tuple[int, int] | None:
+    """(A, B) of `profile_steps` ("A:B"), None if unset or not 1 <= A <= B <= steps."""
+    found = re.fullmatch(r"(\d+):(\d+)", profile_steps or "")
+    a, b = (int(found[1]), int(found[2])) if found else (0, 0)
+    return (a, b) if 1 <= a <= b <= steps else None
+
+
+def profile_problem(
+    profile_steps: str | None, memory_snapshot: bool, steps: int, out: str | None
+) -> tuple[str, str] | None:
+    """Why --profile-steps (or --memory-snapshot) cannot be honoured: a window that is not A:B
+    inside the run, or an OUT/profile/ that could not take the files (checked before a run
+    trains for hours and then fails writing them); None when they can."""
+    if profile_steps is not None and profile_window(profile_steps, steps) is None:
+        shown = checks.shown(profile_steps)
+        return f"profile_steps {shown} is not A:B, 1 <= A <= B <= steps", CHANGE_IT
+    profiled = profile_steps is not None or memory_snapshot
+    return profile_out_problem(out) if profiled and out is not None else None
 
 
 def profile_out_problem(out: str) -> tuple[str, str] | None:

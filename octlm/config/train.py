@@ -24,12 +24,10 @@ machine, `stop_at` within `steps`) are `TrainConfig`'s own.
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from octlm.config.checks import shown
 from octlm.config.inputs import RULES as INPUT_RULES
 from octlm.config.inputs import InputSettings
 from octlm.config.learning import (
@@ -46,7 +44,8 @@ from octlm.config.run import (
     HardwareSettings,
     ObserveSettings,
     RunSettings,
-    profile_out_problem,
+    profile_problem,
+    profile_window,
     reduction_or_default,
 )
 from octlm.config.shape import (
@@ -202,22 +201,17 @@ class TrainConfig:
             problem = memory_problem(shape, vocab_size=vocab, parallel=parallel, **sizes)
         if problem is not None:
             raise ConfigError(*problem)
-        bad = self.observe.profile_steps is not None and self.profile_window is None
-        require(
-            not bad,
-            f"profile_steps {shown(self.observe.profile_steps)} is not A:B, 1 <= A <= B <= steps",
+        observe = self.observe
+        problem = profile_problem(
+            observe.profile_steps, observe.memory_snapshot, self.lr_schedule.steps, self.run.out
         )
-        profiled = self.observe.profile_steps is not None or self.observe.memory_snapshot
-        problem = profile_out_problem(self.run.out) if profiled else None
         if problem is not None:
             raise ConfigError(*problem)
 
     @property
     def profile_window(self) -> tuple[int, int] | None:
         """(A, B) of `profile_steps`, None if unset or not 1 <= A <= B <= steps."""
-        found = re.fullmatch(r"(\d+):(\d+)", self.observe.profile_steps or "")
-        a, b = (int(found[1]), int(found[2])) if found else (0, 0)
-        return (a, b) if 1 <= a <= b <= self.lr_schedule.steps else None
+        return profile_window(self.observe.profile_steps, self.lr_schedule.steps)
 
     @property
     def hash_interval(self) -> int:

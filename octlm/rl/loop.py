@@ -29,6 +29,7 @@ from octlm.runlog.writer import RunLog
 from octlm.trainer import lifecycle
 from octlm.trainer.distributed import gather_objects
 from octlm.trainer.guards import StopFlag
+from octlm.trainer.profile import StepProfile
 
 
 @dataclass(frozen=True)
@@ -143,13 +144,10 @@ def one_step(run: RLRun, log: RunLog, say: Any) -> None:
         rank=run.dist.rank,
         dtype=run.dtype,
     )
-    if update.nonfinite:
-        log.event("nonfinite", s + 1, loss=update.loss, grad_norm=update.grad_norm)
-        raise OctlmError(
-            f"non-finite loss or gradient norm at RL step {s + 1} (loss {update.loss}, "
-            f"grad_norm {update.grad_norm}); the last good checkpoint in {cfg.out} is kept",
-            "lower --lr",
-        )
+    if update.nonfinite and not cfg.run.skip_nonfinite:  # (no update was made)
+        raise lifecycle.nonfinite_error(log, s + 1, update.loss, update.grad_norm, cfg.run.out)
+    run.skipped_steps += int(update.nonfinite)
+    skipped = {"skipped": True, "skipped_steps": run.skipped_steps} if update.nonfinite else {}
     t2 = time.perf_counter()
     run.step, run.sampled_tokens = s + 1, run.sampled_tokens + sampled
     run.elapsed += t2 - t0
@@ -166,6 +164,7 @@ def one_step(run: RLRun, log: RunLog, say: Any) -> None:
         update_s=round(t2 - t1, 6),
         tok_per_s=round(sampled / max(t1 - t0, 1e-9), 1),
         elapsed=round(run.elapsed, 3),
+        **skipped,
     )
     say(
         f"step {run.step}/{cfg.steps}: reward {numbers['reward']:.3f}  correct "
@@ -192,13 +191,18 @@ def _loop(run: RLRun, log: RunLog, say: Any, hard_exit: bool) -> RLResult:
     cfg = run.settings
     end = cfg.stop_at if cfg.stop_at is not None else cfg.steps
     stopping, signum, score = False, 0, None
-    with StopFlag(hard_exit) as stop, progress_bar(run, log.enabled) as bar:
+    watch = StepProfile(cfg.profile_window, False, Path(cfg.run.out), run.dist.rank)
+    with StopFlag(hard_exit) as stop, progress_bar(run, log.enabled) as bar, watch:
         if not bar.disable:  # the step lines go above the bar
             say = lambda text, **_: bar.write(text, file=sys.stderr)  # noqa: E731
         while run.step < end and not stopping:
+            watch.before(run.step + 1)
             one_step(run, log, say)
+            watch.after(run.step)
             bar.update(1)
             last = run.step == cfg.steps
+            if not last and lifecycle.due(cfg.hash_interval, run.step) and log.enabled:
+                log.weights_hash(run.step, weights_sha256(run.weights()))  # the end's is its own
             if last or (cfg.eval_every and run.step % cfg.eval_every == 0):
                 score = heldout(run)
                 log.write("val", step=run.step, **score.fields())

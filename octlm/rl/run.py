@@ -70,6 +70,8 @@ class RLRun:
     step: int = 0
     elapsed: float = 0.0
     sampled_tokens: int = 0
+    skipped_steps: int = 0
+    """Steps whose loss or gradient norm was not finite, skipped (--skip-nonfinite)."""
     notes: list[str] = dataclasses.field(default_factory=list)
     saver: BackgroundSaver = dataclasses.field(default_factory=lambda: BackgroundSaver(True))
 
@@ -103,6 +105,9 @@ class RLRun:
                 "step": self.step,
                 "elapsed": self.elapsed,
                 "sampled_tokens": self.sampled_tokens,
+                # Only a run that skipped a step records the count: the others keep the bytes
+                # RL checkpoints always had.
+                **({"skipped_steps": self.skipped_steps} if self.skipped_steps else {}),
             },
         }
         return meta, tensors
@@ -281,6 +286,7 @@ def build(conf: RLConfig) -> RLRun:
         counters = start.state["counters"]
         run.step, run.elapsed = int(counters["step"]), float(counters["elapsed"])
         run.sampled_tokens = int(counters["sampled_tokens"])
+        run.skipped_steps = int(counters.get("skipped_steps", 0))
     return run
 
 

@@ -228,3 +228,16 @@ def finish(
         file=sys.stderr,
     )
     return None
+
+
+def nonfinite_error(
+    log: RunLog, step: int, loss: float, grad_norm: float, out: str | Path
+) -> OctlmError:
+    """Log the non-finite step, and the one-line error that ends the run (the checkpoint before
+    it is the last one written)."""
+    log.event("nonfinite", step, loss=loss, grad_norm=grad_norm)
+    return OctlmError(
+        f"non-finite loss or gradient norm at step {step} (loss {loss}, grad_norm {grad_norm}); "
+        f"the last good checkpoint in {out} is kept",
+        "lower --lr, or pass --skip-nonfinite to skip such steps",
+    )

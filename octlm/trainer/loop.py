@@ -19,7 +19,6 @@ from tqdm.auto import tqdm
 
 from octlm.config.train import TrainConfig
 from octlm.device import build_info, memory_mb, peak_flops
-from octlm.errors import OctlmError
 from octlm.evaluate.loss import EvalResult
 from octlm.evaluate.protocol import AnyScore, progress_part, score, task_fields
 from octlm.hashing import tensor_digests, weights_sha256
@@ -34,6 +33,7 @@ from octlm.trainer.lifecycle import (
     closing,
     due,
     finish,
+    nonfinite_error,
     open_log,
     ready_folder,
     signal_name,
@@ -227,7 +227,7 @@ def _loop(run: Run, log: RunLog, hard_exit: bool) -> TrainResult:
             try:  # lr, micro-batches, update, counters
                 result = advance(run, validating=validating, digesting=digesting)
             except NonFiniteError as exc:
-                raise _nonfinite(log, cfg, s + 1, exc) from None
+                raise nonfinite_error(log, s + 1, exc.loss, exc.grad_norm, cfg.run.out) from None
             watch.after(s + 1)
             run.saver.check()  # a background checkpoint write that failed stops the run here
             state.elapsed = meter.elapsed()
@@ -278,13 +278,3 @@ def _finish(run: Run, log: RunLog, stop_signal: str | None, last_loss: float | N
         log, step=state.step, steps=steps, stop_signal=stop_signal, stop_at=stop_at, end=end
     )
     return TrainResult(state.step, digest, digest is None, last_loss, stop_signal)
-
-
-def _nonfinite(log: RunLog, cfg: TrainConfig, step: int, exc: NonFiniteError) -> OctlmError:
-    """Log the non-finite step, and the one-line error that ends the run."""
-    log.event("nonfinite", step, loss=exc.loss, grad_norm=exc.grad_norm)
-    return OctlmError(
-        f"non-finite loss or gradient norm at step {step} (loss {exc.loss}, "
-        f"grad_norm {exc.grad_norm}); the last good checkpoint in {cfg.run.out} is kept",
-        "lower --lr, or pass --skip-nonfinite to skip such steps",
-    )

@@ -133,3 +133,83 @@ def test_a_stopped_rl_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
     assert lines[0].startswith("octlm: error: rank 0, after step ") and "Traceback" not in err
     entry = ckpt.read_latest(out)[-1]
     ckpt.load_checkpoint(out / ckpt.CKPT_DIR / entry["file"], entry["checksum"])  # intact
+
+
+BAD_STEP = 3
+
+
+def poison(monkeypatch) -> None:
+    """Make RL step BAD_STEP's gradient norm NaN on every machine: the real rollouts, forward and
+    backward run, then the clip reports NaN (a high lr would diverge at a step that depends on
+    the CPU's rounding). Keyed by the step, so a resumed process poisons the same one."""
+    from octlm.rl import loop
+
+    real = loop.policy_update
+
+    def poisoned(model, optimizer, reducer, groups, **kw):
+        if kw["step"] + 1 == BAD_STEP:
+            clip = reducer.clip
+            reducer.clip = lambda limit: (clip(limit), float("nan"))[1]
+            try:
+                return real(model, optimizer, reducer, groups, **kw)
+            finally:
+                reducer.clip = clip
+        return real(model, optimizer, reducer, groups, **kw)
+
+    monkeypatch.setattr(loop, "policy_update", poisoned)
+
+
+@pytest.fixture
+def settings(source, tmp_path) -> Path:
+    toml = tmp_path / "rl.toml"
+    toml.write_text(octlm("rl", str(source), *RL_FLAGS, "--print-config").stdout)
+    return toml
+
+
+@pytest.mark.slow
+def test_skip_nonfinite_skips_the_poisoned_rl_step_and_resumes_exactly(
+    settings, tmp_path, monkeypatch
+) -> None:
+    import octlm as api
+    from octlm.errors import OctlmError
+    from octlm.runlog.reader import read_log
+    from tests.e2e.helpers import end_hash
+
+    poison(monkeypatch)
+    with pytest.raises(OctlmError, match=f"non-finite loss or gradient norm at step {BAD_STEP} "):
+        api.train_rl(settings, out=str(tmp_path / "stops"))
+    assert ckpt.read_latest(tmp_path / "stops")[-1]["step"] == 2  # the last good one
+    straight = api.train_rl(settings, out=str(tmp_path / "skip"), skip_nonfinite=True)
+    records = read_log(tmp_path / "skip")
+    skipped = [(r["step"], r["skipped_steps"]) for r in records if r.get("skipped")]
+    assert skipped == [(BAD_STEP, 1)] and records[-1]["type"] == "end"
+    split = tmp_path / "split"
+    api.train_rl(settings, out=str(split), skip_nonfinite=True, stop_at=BAD_STEP)
+    resumed = api.train_rl(settings, out=str(split), skip_nonfinite=True, resume=True)
+    assert resumed.weights_sha256 == straight.weights_sha256 == end_hash(split)
+    assert [r["skipped_steps"] for r in read_log(split) if r.get("skipped")] == [1]
+
+
+@pytest.mark.slow
+def test_rl_logs_weights_hashes_and_profiles_its_window(settings, tmp_path) -> None:
+    import octlm as api
+    from octlm.hashing import weights_sha256
+    from octlm.runlog.reader import read_log
+
+    out = tmp_path / "watched"
+    api.train_rl(settings, out=str(out), hash_every=1, profile_steps="2:3", ckpt_every=1,
+                 keep_last=10)  # fmt: skip
+    hashes = {r["step"]: r["weights_sha256"] for r in read_log(out) if r["type"] == "hash"}
+    assert sorted(hashes) == [1, 2, 3]  # the last step's is the end record's
+    for entry in ckpt.read_latest(out):
+        if entry["step"] in hashes:
+            _, tensors = ckpt.load_checkpoint(
+                out / ckpt.CKPT_DIR / entry["file"], entry["checksum"]
+            )
+            assert weights_sha256(ckpt.model_weights(tensors)) == hashes[entry["step"]]
+    assert (out / "profile" / "trace.json").is_file()
+    # Control: by default, a hash at each held-out score (every 2 steps), no profile.
+    plain = tmp_path / "plain"
+    api.train_rl(settings, out=str(plain))
+    assert [r["step"] for r in read_log(plain) if r["type"] == "hash"] == [2]
+    assert not (plain / "profile").exists()

@@ -27,7 +27,7 @@ SHARED = sorted(set(KEY_ORDER) & set(FIELDS))
 RL_FIELDS = {f.name: f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
 
 
-def test_rl_shares_thirteen_keys_with_training_each_with_its_rule_and_role():
+def test_rl_shares_sixteen_keys_with_training_each_with_its_rule_and_role():
     assert (
         sorted(
             [
@@ -35,13 +35,16 @@ def test_rl_shares_thirteen_keys_with_training_each_with_its_rule_and_role():
                 "device",
                 "dist_timeout",
                 "grad_clip",
+                "hash_every",
                 "keep_last",
                 "log_to",
                 "lr",
                 "out",
+                "profile_steps",
                 "progress",
                 "resume",
                 "seed",
+                "skip_nonfinite",
                 "stop_at",
                 "steps",
             ]
@@ -66,6 +69,9 @@ BAD = {
     "resume": "yes",
     "progress": 1,
     "out": "",
+    "skip_nonfinite": "yes",
+    "hash_every": -1,
+    "profile_steps": "3:2",
 }
 
 
