@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -242,3 +243,37 @@ def test_an_optional_packages_error_is_one_line(case, workdir) -> None:
 def test_where_a_run_may_not_write_is_one_line(case, workdir) -> None:
     args, expected = WHERE[case]
     refused(args, expected, workdir)
+
+
+def test_the_run_lock_never_writes_through_a_link(workdir) -> None:
+    """A `.lock` that is a symbolic link (to a file outside the folder) is refused in one line,
+    by train and rl alike; the file it points to keeps its bytes."""
+    outside = workdir.parent / "outside.txt"
+    outside.write_text("not a lock\n")
+    (workdir / "run" / ".lock").symlink_to(outside)
+    (workdir / "fresh").mkdir()
+    (workdir / "fresh" / ".lock").symlink_to(outside)
+    says = ".lock is a symbolic link"
+    refused(["train", *TINY, "--out", "run", "--resume"], says, workdir)
+    refused(["rl", "run", "--task", "count", "--out", "fresh"], says, workdir)
+    assert outside.read_text() == "not a lock\n"
+
+
+def test_a_refused_resume_or_merge_leaves_nothing_behind(tmp_path, tiny_dataset) -> None:
+    """A resume on a process count that cannot split the run's batch leaves no world marker;
+    a merge whose dataset is gone (it would be scored, --eval-batches) writes no output, and
+    with --force leaves the earlier merge as it was."""
+    from tests.e2e.helpers import octlm, train_args
+
+    root = tmp_path / "work"
+    root.mkdir()
+    shutil.copytree(tiny_dataset, tmp_path / "data")
+    run = ["--steps", "2", "--warmup", "1", "--accum", "1", "--ckpt-every", "1", "--keep-last", "2"]
+    octlm(*train_args(tmp_path / "data", root / "run", *run, "--val-every", "0"))
+    octlm("merge", "run", "--last", "2", "-o", "old", cwd=root)
+    resume = train_args(tmp_path / "data", root / "run", *run, "--val-every", "0", "--resume")
+    refused([*resume, "--nproc", "2"], "1 micro-batches per step do not split over 2", root)
+    shutil.rmtree(tmp_path / "data")
+    merge = ["merge", "run", "--last", "2", "--eval-batches", "1"]
+    refused([*merge, "-o", "new"], "is not a prepared dataset", root)
+    refused([*merge, "-o", "old", "--force"], "is not a prepared dataset", root)

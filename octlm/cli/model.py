@@ -314,7 +314,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         sources = last_checkpoints(Path(args.sources[0]), args.last)
     else:
         sources = [find_checkpoint(source) for source in args.sources]
-    path, digest = merge(sources, weights, Path(args.out), args.force)
+    path, digest = merge(sources, weights, Path(args.out), args.force, bool(args.eval_batches))
     print(f"merged {len(sources)} checkpoints into {path}: weights_sha256 {digest}")
     if args.eval_batches:
         s = compare_with_last(Path(args.out), sources[-1][0], args.eval_batches)
