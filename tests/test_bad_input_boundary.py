@@ -277,3 +277,13 @@ def test_a_refused_resume_or_merge_leaves_nothing_behind(tmp_path, tiny_dataset)
     merge = ["merge", "run", "--last", "2", "--eval-batches", "1"]
     refused([*merge, "-o", "new"], "is not a prepared dataset", root)
     refused([*merge, "-o", "old", "--force"], "is not a prepared dataset", root)
+
+
+def test_a_task_file_named_like_a_suite_beside_it_is_one_line(workdir) -> None:
+    """`core-lite.jsonl` beside `core-lite/...`: its centered/core-lite would be the suite's."""
+    pytest.importorskip("pyarrow", reason="the suites read the package's Arrow files")
+    (workdir / "core-lite.jsonl").write_text(json.dumps(GOOD_MC) + "\n")
+    says = "task file 'core-lite' is named like the suite beside it"
+    refused(["eval", "run", "--tasks", "core-lite.jsonl,core-lite/copa:5"], says, workdir)
+    train = ["train", *TINY, "--out", "new", "--eval-tasks", "core-lite/copa:5,core-lite.jsonl"]
+    refused(train, says, workdir)
