@@ -287,3 +287,9 @@ def test_a_task_file_named_like_a_suite_beside_it_is_one_line(workdir) -> None:
     refused(["eval", "run", "--tasks", "core-lite.jsonl,core-lite/copa:5"], says, workdir)
     train = ["train", *TINY, "--out", "new", "--eval-tasks", "core-lite/copa:5,core-lite.jsonl"]
     refused(train, says, workdir)
+
+
+@pytest.mark.parametrize("command", [["train", *TINY], ["rl", "run", "--task", "count"]])
+def test_a_misspelt_tracker_gets_did_you_mean(command, workdir) -> None:
+    says = "unknown tracker 'tensorbord' (did you mean tensorboard?)"
+    refused([*command, "--out", "new", "--log-to", "tensorbord"], says, workdir)
