@@ -72,6 +72,7 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 def _cmd_train(args: argparse.Namespace) -> int:
     from octlm.trainer.distributed import launched_by_torchrun
     from octlm.trainer.loop import train
+    from octlm.trainer.run import run_tasks
 
     if args.print_config:  # checked and resolved, nothing built: --out is not touched
         print(sectioned_toml(_config_from_args(args).resolved()), end="")
@@ -87,6 +88,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         requeue_exit_code=args.requeue_exit_code,
     )
     if spec.needed and not launched_by_torchrun():
+        run_tasks(cfg)  # a bad --eval-tasks file: one line, before any worker starts
         return launch(spec, sys.argv[1:], Path(cfg.run.out), args.requeue_exit_code, main)
     if restart_resumes():  # the elastic agent restarted the group after a failure
         cfg = cfg.replace(resume=True)
@@ -147,6 +149,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     base, table = base_from(args.config, _overrides(args, skip=("out",)))
     check_preset(base, args.model)  # its runs see the preset in their config file: it yields
+    if base.evaluation.eval_tasks:  # a bad task file: one line, before the sweep's folder
+        from octlm.evaluate.protocol import read_tasks
+
+        read_tasks(base.evaluation.eval_tasks, "eval_tasks")
     runs = {"grids": args.grid, "sets": args.set, "repeats": args.repeats, "jobs": args.jobs}
     run_sweep(base, table, out=args.out, **runs)  # prints the summary; failed runs raise
     return 0

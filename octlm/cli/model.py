@@ -188,10 +188,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if last is not None:  # a merge: the newest checkpoint it was made of, on the same data
         last_model, last_info = load_model(last, device=args.device)
         last_scores = _evaluate(args, last_model, last_info, tasks)
+        compared = {}
         for name, (value, better) in scores.items():
             delta = value - last_scores[name][0]
-            verdict = "better" if (delta > 0) == better and delta != 0 else "not better"
-            print(f"merged - last ({last_info.step}): {name} {delta:+.4f} ({verdict})")
+            compared[name] = {"delta": delta, "better": (delta > 0) == better and delta != 0}
+            verdict = "better" if compared[name]["better"] else "not better"
+            if not args.json:
+                print(f"merged - last ({last_info.step}): {name} {delta:+.4f} ({verdict})")
+        if args.json:  # every line --json prints is one JSON object
+            print(json.dumps({"merged_minus_last": {"step": last_info.step, **compared}}))
     return 0
 
 
@@ -314,7 +319,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         sources = last_checkpoints(Path(args.sources[0]), args.last)
     else:
         sources = [find_checkpoint(source) for source in args.sources]
-    path, digest = merge(sources, weights, Path(args.out), args.force)
+    path, digest = merge(sources, weights, Path(args.out), args.force, bool(args.eval_batches))
     print(f"merged {len(sources)} checkpoints into {path}: weights_sha256 {digest}")
     if args.eval_batches:
         s = compare_with_last(Path(args.out), sources[-1][0], args.eval_batches)

@@ -58,6 +58,7 @@ def run_rl(args: argparse.Namespace, entry: Callable[[], Any]) -> int:
     in this process or (`--nproc`) as the workers `launch` starts, each running `entry`."""
     from octlm.rl.loop import rl
     from octlm.rl.run import check_world
+    from octlm.rl.tasks import get_task
     from octlm.trainer.distributed import launched_by_torchrun
 
     cfg = rl_config_from_args(args)
@@ -70,6 +71,7 @@ def run_rl(args: argparse.Namespace, entry: Callable[[], Any]) -> int:
         raise OctlmError(*NO_OUT)
     spec = Launch(nproc=args.nproc)
     check_world(cfg.policy.prompts, args.nproc)  # before any worker starts
+    get_task(cfg.policy.task)  # a task that cannot make a problem: one line, before the claim
     if spec.needed and not launched_by_torchrun():
         return launch(spec, sys.argv[1:], Path(cfg.run.out), None, entry)
     rl(cfg, hard_exit=True)

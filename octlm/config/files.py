@@ -117,6 +117,32 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return read_toml(path)[0]
 
 
+TOML_ESCAPES = {
+    "\\": "\\\\",
+    '"': '\\"',
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
+"""TOML's short escapes (a basic string's other control characters are written \\uXXXX)."""
+
+
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string that reads back to it: the quote and backslash escaped, and
+    every control character TOML forbids raw (U+0000 to U+001F, DEL) as its escape."""
+    out = []
+    for c in text:
+        if c in TOML_ESCAPES:
+            out.append(TOML_ESCAPES[c])
+        elif ord(c) < 0x20 or c == "\x7f":
+            out.append(f"\\u{ord(c):04X}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def to_toml(values: dict[str, Any]) -> str:
     """A flat TOML document of str/int/float/bool values (None values are left out)."""
     lines = []
@@ -128,7 +154,7 @@ def to_toml(values: dict[str, Any]) -> str:
         elif isinstance(value, (int, float)):
             text = repr(value)
         else:
-            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            text = toml_string(str(value))
         lines.append(f"{key} = {text}")
     return "\n".join(lines) + "\n"
 

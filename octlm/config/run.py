@@ -6,6 +6,7 @@ on (`HardwareSettings`), how often it is evaluated (`EvalSettings`), its folder 
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -291,8 +292,10 @@ def trackers_problem(log_to: str | None) -> tuple[str, str] | None:
     """Why `log_to` names a tracker octlm does not have (training's and RL's one wording)."""
     for name in (log_to or "").split(","):
         if name.strip() not in (*TRACKERS, ""):
+            near = difflib.get_close_matches(name.strip().lower(), TRACKERS, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
             return (
-                f"log_to names an unknown tracker {checks.shown(name.strip())}",
+                f"log_to names an unknown tracker {checks.shown(name.strip())}{hint}",
                 f"use a comma-separated list of {', '.join(TRACKERS)}",
             )
     return None

@@ -66,6 +66,23 @@ class Item:
         return [(self.prompt(self.contexts[0]), self.delimiter + self.continuations[0])]
 
 
+def item_problem(item: Item, choices: str = "choices") -> tuple[str, str] | None:
+    """(field, what is wrong) for an item the scorer cannot score, None for a sound one: a
+    choice needs another to be chosen over (mc: two choices or more; schema: two contexts or
+    more), and every option needs text to score (its delimiter and continuation not both
+    empty). Checked when a task file or a suite's file is read, with the file and line;
+    `choices` is the name the file's layout gives an mc item's choices."""
+    if item.kind == "mc" and item.options < 2:
+        return choices, "holds 1 choice; a multiple-choice item needs 2 or more"
+    if item.kind == "schema" and item.options < 2:
+        return "contexts", "holds 1 context; a schema item needs 2 or more, one per option"
+    for at, continuation in enumerate(item.continuations):
+        if not item.delimiter + continuation:
+            where = f"{choices}[{at}]" if item.kind == "mc" else "continuation"
+            return where, "is empty and so is the delimiter: there is no text to score"
+    return None
+
+
 @dataclass(frozen=True)
 class CategoricalTask:
     """The task protocol's categorical kind (`octlm/evaluate/protocol.py`): a named list of

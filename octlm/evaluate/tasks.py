@@ -38,7 +38,7 @@ from octlm.evaluate.fields import (
     texts_field,
 )
 from octlm.evaluate.item_lines import chance, item_of
-from octlm.evaluate.items import CategoricalTask, Item
+from octlm.evaluate.items import CategoricalTask, Item, item_problem
 from octlm.evaluate.suites import SUITES
 
 SHOWN_PATH = 200
@@ -70,6 +70,13 @@ def question_of(record: object) -> Item:
     return Item(
         (text_field(record, "context"),), choices, gold, "mc", text_field(record, "delimiter", " ")
     )
+
+
+def choices_key(record: dict) -> str:
+    """What a multiple-choice line's layout calls its choices (for an error line)."""
+    if "endings" in record:
+        return "endings"
+    return "choices.text" if isinstance(record.get("choices"), dict) else "choices"
 
 
 def arc_question(record: dict) -> Item:
@@ -178,6 +185,9 @@ def load_task(path: str, limit: int | None) -> CategoricalTask:
         try:
             standard = isinstance(record, dict) and "format" in record
             items.append(item_of(record) if standard else question_of(record))
+            degenerate = item_problem(items[-1], "choices" if standard else choices_key(record))
+            if degenerate is not None:  # the scorer would divide by zero or index nothing
+                raise TaskLineError(*degenerate)
             layouts.append(items[-1].kind if standard else "question")
             if layouts[-1] != layouts[0]:
                 raise OctlmError(

@@ -290,8 +290,14 @@ class ReasoningGym(Task):
         return reply.strip() != ""
 
     def reward(self, problem: Problem, reply: str) -> float:
+        """The package's score; a reply its scorer cannot read (it raises: prime_factorization
+        parses the reply as integers) is malformed, 0, not the end of the run."""
         entry, dataset = _gym_entry(self.dataset, problem.data[0])
-        return float(dataset.score_answer(reply.strip(), entry))
+        try:
+            score = float(dataset.score_answer(reply.strip(), entry))
+        except Exception:  # noqa: BLE001 (any error of the package's scorer: a malformed reply)
+            return REWARD_MALFORMED
+        return score if 0.0 <= score <= 1.0 else REWARD_MALFORMED
 
     def correct(self, problem: Problem, reply: str) -> bool:
         return self.reward(problem, reply) >= 1.0
@@ -318,6 +324,7 @@ def _gym_task(name: str) -> ReasoningGym:
             f"reasoning_gym has no dataset {shown(name)}",
             f"name one of its {len(known)} datasets ({hint})",
         )
+    _gym_entry(name, 0)  # a generator that cannot run without a configuration: one line now
     return ReasoningGym(name)
 
 
@@ -333,7 +340,23 @@ def _gym_entry(dataset: str, seed: int) -> tuple[dict[str, Any], Any]:
         random.seed(seed)
         np.random.seed(seed)
         ds = gym.create_dataset(dataset, seed=seed, size=1)
-        return ds[0], ds
+        entry = ds[0]
+        if not isinstance(entry, dict) or not {"question", "answer"} <= set(entry):
+            raise ValueError(f"its item is {shown(entry)}, not a question and an answer")
+        return entry, ds
+    except OctlmError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the package's own error, whatever its type)
+        raise OctlmError(
+            f"task {GYM}:{dataset} cannot make a problem ({type(exc).__name__}: "
+            f"{_first_line(exc)}): its generator needs a configuration octlm does not pass",
+            f"name another of reasoning_gym's datasets (e.g. {GYM}:chain_sum)",
+        ) from None
     finally:
         random.setstate(state)
         np.random.set_state(np_state)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "no message"

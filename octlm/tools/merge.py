@@ -52,16 +52,26 @@ def last_checkpoints(run: Path, last: int) -> list[tuple[Path, str | None]]:
 
 
 def merge(
-    sources: list[tuple[Path, str | None]], weights: list[float] | None, out: Path, force: bool
+    sources: list[tuple[Path, str | None]],
+    weights: list[float] | None,
+    out: Path,
+    force: bool,
+    eval_data: bool = False,
 ) -> tuple[Path, str]:
     """Write the weighted float32 mean of `sources` to `out`; (weights file, its hash). The
     folder is written beside `out` and renamed into place when whole: a merge that fails leaves
-    no folder (or the one --force was to replace) behind."""
+    no folder (or the one --force was to replace) behind. `eval_data`: `compare_with_last`
+    follows, so the run's dataset is opened first (a dataset gone is one line, nothing written)."""
     weights = [1.0] * len(sources) if weights is None else weights
     check_merge_out(out, force)
     _check(sources, weights)
     merged, infos = _mean(sources, weights)
     check_finite(merged, "the merged weights")
+    if eval_data:
+        from octlm.data.dataset_tokenizer import dataset_tokenizer
+        from octlm.generation.trained import run_dataset
+
+        dataset_tokenizer(run_dataset(infos[-1]))  # the merge's and the last file's dataset
     with staged(out) as tmp:
         digest = _write(tmp, merged, infos, weights)
     return out / ckpt.WEIGHTS_FILE, digest

@@ -77,10 +77,20 @@ class RunLock:
         self._fd: int | None = None
         self.created = False
         """Whether this lock made the file (the folder held no lock file before)."""
+        self._before = b""
+        """What the file held before this lock wrote its pid (put back by `discard`)."""
 
     def __enter__(self) -> RunLock:
-        self.created = not self.path.exists()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.created = not os.path.lexists(self.path)
+        try:  # never through a link: the lock would truncate and write the file it points to
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if not self.path.is_symlink():
+                raise
+            raise OctlmError(
+                f"{self.path} is a symbolic link ({exc.strerror}); a run's lock is its own file",
+                f"remove the link {self.path}, or choose another --out",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -90,17 +100,22 @@ class RunLock:
                 f"{self.path.parent} is in use by another trainer (pid {holder})",
                 "wait for it to finish, or choose another --out",
             ) from None
+        self._before = os.pread(fd, 64, 0)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
         return self
 
     def discard(self) -> None:
-        """Remove the lock file this lock made, while still holding it: a start refused before
-        it wrote anything leaves the folder as it found it. (Another trainer meanwhile fails to
+        """Remove the lock file this lock made (or put back the bytes of one it found), while
+        still holding it: a start refused before it wrote anything leaves the folder as it
+        found it. (Another trainer meanwhile fails to
         take the held lock at once, so none can be holding the file that goes.)"""
         if self.created and self._fd is not None:
             self.path.unlink(missing_ok=True)
+        elif self._fd is not None:  # the lock file an earlier run left: its bytes put back
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, self._before, 0)
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
@@ -178,6 +193,8 @@ def claimed_folder(out: Path) -> Iterator[bool]:
             except BaseException:
                 if lock is not None and wrote_nothing(out, before):
                     lock.discard()  # refused before it wrote anything: no lock file left
+                    if TOKEN_NAME not in before:  # nor the world marker check_shared_folder left
+                        (out / TOKEN_NAME).unlink(missing_ok=True)
                 raise
     except BaseException:
         if created and wrote_nothing(out, set()):

@@ -40,7 +40,7 @@ from octlm.trainer.lifecycle import (
     speaker,
 )
 from octlm.trainer.profile import StepProfile, check_memory_snapshot
-from octlm.trainer.run import Run, build_run, resume
+from octlm.trainer.run import Run, build_run, resume, run_tasks
 from octlm.trainer.schedule import learning_rate
 from octlm.trainer.step import NonFiniteError, StepResult, train_step
 
@@ -63,17 +63,23 @@ def train(
     `octlm` command); left False, it raises KeyboardInterrupt (a notebook's kernel survives).
     `model_flag`: `--model` was typed for this run, so it must have the --init-from shape."""
     out = Path(cfg.run.out)
+    tasks = run_tasks(cfg)  # read and checked before the folder is claimed: a bad file is one line
     with claimed_run(out, TRAINING, cfg.run.resume) as main:
-        return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag)
+        return _train_locked(cfg, out, log_enabled and main, hard_exit, model_flag, tasks)
 
 
 def _train_locked(
-    cfg: TrainConfig, out: Path, log_enabled: bool, hard_exit: bool, model_flag: bool
+    cfg: TrainConfig,
+    out: Path,
+    log_enabled: bool,
+    hard_exit: bool,
+    model_flag: bool,
+    tasks: list | None = None,
 ) -> TrainResult:
     # Before anything is built:
     check_memory_snapshot(cfg.observe.memory_snapshot, cfg.hardware.device)
     trackers = ready_folder(out, log_enabled, cfg.observe.log_to)
-    run = build_run(cfg, model_flag)
+    run = build_run(cfg, model_flag, tasks)
     log = open_log(out, log_enabled, trackers)
     _start(run, log)
     steps_done = lambda: run.state.step  # noqa: E731

@@ -253,10 +253,19 @@ def write_checkpoint(
         ckpt.save_snapshot(out, step, ckpt.model_weights(tensors), header)
 
 
-def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
+def run_tasks(cfg: TrainConfig) -> list[AnyTask]:
+    """The run's --eval-tasks, read and checked (each file's lines: one line for a bad one)."""
+    tasks = cfg.evaluation.eval_tasks
+    return read_tasks(tasks, "eval_tasks") if tasks else []
+
+
+def build_run(
+    cfg: TrainConfig, model_flag: bool = False, tasks: list[AnyTask] | None = None
+) -> Run:
     """Join the process group, then build every part in the order the bits depend on.
     `model_flag`: `--model` was typed, so `plan_init` checks it against the shape the run starts
-    from (the source's, or that of the checkpoint found here: it is not read again)."""
+    from (the source's, or that of the checkpoint found here: it is not read again). `tasks`:
+    the --eval-tasks `run_tasks` read before the folder was claimed (None: read them here)."""
     dist, device = init_distributed(cfg.hardware.device, cfg.hardware.dist_timeout)
     check_shared_folder(Path(cfg.run.out), dist, device)  # before any rank reads a checkpoint
     # The one checkpoint a resume reads: the settings, the shape and the state all come from it.
@@ -299,7 +308,7 @@ def build_run(cfg: TrainConfig, model_flag: bool = False) -> Run:
         sampler=inputs.sampler,
         val=inputs.val,
         val_sources=inputs.val_sources,
-        tasks=read_tasks(cfg.evaluation.eval_tasks) if cfg.evaluation.eval_tasks else [],
+        tasks=run_tasks(cfg) if tasks is None else tasks,
         setup=setup,
         fingerprints={
             "config": cfg.fingerprint_for(dist.world),

@@ -249,6 +249,19 @@ def test_reasoning_gym_tasks_read_through_the_same_interface() -> None:
         get_task("reasoning_gym:chain_sun")
 
 
+def test_reasoning_gym_errors_inside_the_package_are_one_line_or_a_zero_reward() -> None:
+    """A generator that needs a configuration is refused when the task is named; a reply the
+    package's scorer raises on (prime_factorization parses integers) is malformed: 0."""
+    pytest.importorskip("reasoning_gym")
+    with pytest.raises(OctlmError, match="needs a configuration octlm does not pass") as info:
+        get_task("reasoning_gym:composite")
+    assert "\n" not in str(info.value) and "reasoning_gym:composite" in str(info.value)
+    task = get_task("reasoning_gym:prime_factorization")
+    p = task.problem(1, 0, 0)
+    assert task.reward(p, "not a number") == REWARD_MALFORMED and not task.correct(p, "x")
+    assert task.reward(p, p.answer) == 1.0
+
+
 def test_reasoning_gym_missing_is_one_line(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # `import` raises ImportError
     with pytest.raises(OctlmError, match="pip install reasoning-gym") as info:

@@ -79,6 +79,11 @@ def test_the_merge_folder_is_read_like_a_run(run, tiny_dataset, tmp_path) -> Non
     assert deltas[-1].startswith("merged - last (8): bpb ")
     assert float(deltas[-1].split()[5]) == pytest.approx(bpb[0] - bpb[1], abs=2e-4)
     assert deltas[-1].endswith("(better)" if bpb[0] < bpb[1] else "(not better)")
+    printed = octlm("eval", str(out), "--batches", "2", "--json").stdout.splitlines()
+    records = [json.loads(line) for line in printed]  # --json: every line one JSON object
+    assert records[-1]["merged_minus_last"]["bpb"]["delta"] == pytest.approx(
+        bpb[0] - bpb[1], abs=2e-4
+    )
     assert octlm("generate", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "8").stdout
     octlm("export", str(out), str(tmp_path / "exported"), "--format", "safetensors")
     assert weights_sha256(load_file(tmp_path / "exported" / "model.safetensors")) == digest
