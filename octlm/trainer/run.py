@@ -281,10 +281,7 @@ def build_run(
     data_dir, dataset, tokenizer = open_data(cfg)
     init = plan_init(cfg, tokenizer, resumed, model_flag)  # the source, unless resuming
     model_config, model = _build_model(cfg, tokenizer, init)
-    model = model.to(device)
-    model.activation_checkpointing = cfg.hardware.activation_checkpointing
-    # --doc-mask on CUDA: FlexAttention's fused kernel (dropout, which flex lacks, keeps SDPA).
-    model.flex_segments = cfg.inputs.doc_mask and device.type == "cuda" and cfg.shape.dropout == 0
+    model = _on_device(model, cfg, device)
     notes += init.notes if init else []
     wrapped = place_model(model, cfg, dist, device)
     # After wrapping: FSDP shards the parameters.
@@ -321,6 +318,15 @@ def build_run(
         packing=inputs.packing,
         start=start,
     )
+
+
+def _on_device(model: GPT, cfg: TrainConfig, device: torch.device) -> GPT:
+    """The built model on `device`, with how it runs there (no bit of its weights changes)."""
+    model = model.to(device)
+    model.activation_checkpointing = cfg.hardware.activation_checkpointing
+    # --doc-mask on CUDA: FlexAttention's fused kernel (dropout, which flex lacks, keeps SDPA).
+    model.flex_segments = cfg.inputs.doc_mask and device.type == "cuda" and cfg.shape.dropout == 0
+    return model
 
 
 def _build_model(
