@@ -136,7 +136,8 @@ def task_file(path: str) -> Path:
     what = "is not a file" if is_file(file, or_folder=True) else "does not exist"
     raise OctlmError(
         f"task file {shown_path(file)} {what}",
-        f"pass a JSON-lines task file, or a task octlm ships: {shipped}",
+        f"pass a JSON-lines task file, or a task octlm ships: {shipped} (a verifiable task "
+        "such as addition:2 is sampled, not scored in training: octlm eval RUN --tasks NAME)",
     )
 
 
