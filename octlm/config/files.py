@@ -204,5 +204,6 @@ def sectioned_toml(cfg: TrainConfig | RLConfig) -> str:
     hold their defaults: `train.applicable`)."""
     blocks = []
     for name, keys in cfg.by_section().items():
-        blocks.append(f"# {name}\n" + to_toml(keys))
+        if any(value is not None for value in keys.values()):  # else nothing to write under it
+            blocks.append(f"# {name}\n" + to_toml(keys))
     return "\n".join(blocks)
