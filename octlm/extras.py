@@ -7,7 +7,13 @@ from types import ModuleType
 
 from octlm.errors import OctlmError
 
-EXTRAS = {"pyarrow": "data", "zstandard": "data", "tensorboard": "tensorboard", "wandb": "wandb"}
+EXTRAS = {
+    "pyarrow": "data",
+    "zstandard": "data",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "gguf": "gguf",
+}
 """Which `octlm[...]` extra brings each optional package."""
 
 

@@ -33,6 +33,7 @@ from octlm.config.run import DTYPES
 from octlm.config.train import SECTIONS, TrainConfig, config_keys
 from octlm.errors import OctlmError, RankError, one_line
 from octlm.tools.export import FORMATS, export
+from octlm.tools.gguf_export import OUTTYPES
 from octlm.tools.plot import plot_runs
 from octlm.tools.report.report import (
     build_playground,
@@ -193,7 +194,8 @@ def _cmd_playground(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    written = export(args.run, args.fmt, args.out, force=args.force, tokenizer=args.tokenizer)
+    options = {"force": args.force, "tokenizer": args.tokenizer, "outtype": args.outtype}
+    written = export(args.run, args.fmt, args.out, **options)
     print(f"wrote {written} ({args.fmt})")
     return 0
 
@@ -297,10 +299,16 @@ def _add_page_commands(sub: Any) -> None:
 
 
 def _add_export_command(sub: Any) -> None:
-    ex = run_parser(sub, "export", "write a Hugging Face Llama/Qwen3 folder or plain safetensors")
-    ex.add_argument("out", help="folder to write (safetensors: a folder or a .safetensors file)")
-    kinds = "hf: Llama (Qwen3 with q/k norms) folder with tokenizer (default); safetensors"
+    what = "write a Hugging Face Llama/Qwen3 folder, plain safetensors, or a llama.cpp GGUF file"
+    ex = run_parser(sub, "export", what)
+    ex.add_argument(
+        "out", help="folder to write (safetensors: a folder or a .safetensors file; gguf: .gguf)"
+    )
+    kinds = "hf: Llama (Qwen3 with q/k norms) folder with tokenizer (default); safetensors; gguf"
     ex.add_argument("--format", choices=FORMATS, default="hf", dest="fmt", help=kinds)
+    ex.add_argument(
+        "--outtype", choices=OUTTYPES, help="gguf tensor type: f32, f16 (default) or q8_0"
+    )
     ex.add_argument("--tokenizer", help="the run's tokenizer.json (default: its dataset's)")
     ex.add_argument("--force", action="store_true", help="write into a non-empty OUT")
     ex.set_defaults(handler=_cmd_export)

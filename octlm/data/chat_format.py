@@ -24,13 +24,16 @@ Torch-free: `octlm prepare` imports it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from octlm.config.checks import shown
 from octlm.data.packing import CONTEXT, START, TARGET
+from octlm.data.shards import MANIFEST_NAME
 from octlm.errors import DataError
 from octlm.tokenizer.core import Tokenizer
 
@@ -75,6 +78,19 @@ def check_chat_dataset(manifest: dict[str, Any], run: Any) -> None:
             "such a dataset with --data",
         )
     check_template_version(manifest["chat_template"].get("version"), f"{run}'s dataset")
+
+
+def trained_on_chat(data_dir: str | Path | None) -> bool:
+    """Whether a run's dataset (its manifest, if still there) is in the chat format; a version
+    this octlm does not know is refused in one line."""
+    path = Path(data_dir or "") / MANIFEST_NAME
+    if not data_dir or not path.is_file():
+        return False
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if "chat_template" not in manifest:
+        return False
+    check_template_version(manifest["chat_template"].get("version"), str(path))
+    return True
 
 
 NO_SPECIALS = re.compile(r"(?!)")

@@ -115,13 +115,14 @@ def octlm_state_dict(
     return renamed(hf, inverse, "Qwen3" if qk_norm else "Llama")
 
 
-def check_exportable(config: ModelConfig) -> None:
+def check_exportable(config: ModelConfig, target: str = "Hugging Face") -> None:
     """Refuse a model that no architecture octlm writes computes: one with a logit soft-cap
-    (transformers' Llama and Qwen3 read no `final_logit_softcapping`; only Gemma 2/3 do), or
-    with a value residual (no transformers architecture mixes values across layers)."""
+    (transformers' Llama and Qwen3 read no `final_logit_softcapping`; only Gemma 2/3 do, and
+    llama.cpp's llama and qwen3 none), or with a value residual (no transformers or llama.cpp
+    architecture mixes values across layers). `target`: whose architectures (for the line)."""
     if config.logit_softcap > 0:
         raise LlamaError(
-            f"the model uses --logit-softcap {config.logit_softcap:g}, which no Hugging Face "
+            f"the model uses --logit-softcap {config.logit_softcap:g}, which no {target} "
             "architecture octlm exports to has (Gemma 2's also scales the embeddings, adds norms "
             "and uses GELU)",
             "export a model trained without it (or use --format safetensors, octlm's own)",
@@ -129,7 +130,7 @@ def check_exportable(config: ModelConfig) -> None:
     if config.value_residual:
         raise LlamaError(
             "the model uses --value-residual (each block attends with the mean of its values "
-            "and the first block's), which no Hugging Face architecture octlm exports to has",
+            f"and the first block's), which no {target} architecture octlm exports to has",
             "export a model trained without it (or use --format safetensors, octlm's own)",
         )
 

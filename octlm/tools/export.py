@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from octlm.config.checks import shown, shown_path
-from octlm.data.chat_format import JINJA_TEMPLATE, check_template_version
-from octlm.data.shards import MANIFEST_NAME, TOKENIZER_NAME
+from octlm.data.chat_format import JINJA_TEMPLATE, trained_on_chat
+from octlm.data.shards import TOKENIZER_NAME
 from octlm.errors import OctlmError
 from octlm.fsutil import atomic_write, tmp_path
 from octlm.model.hf import hf_config, hf_state_dict
 from octlm.tokenizer.core import Tokenizer
+from octlm.tools.gguf_export import check_outtype, export_gguf
 from octlm.tools.outputs import check_finite, check_folder_out
 
-FORMATS = ("hf", "safetensors")
+FORMATS = ("hf", "safetensors", "gguf")
 SAFETENSORS_NAME = "model.safetensors"
 
 
@@ -62,19 +63,6 @@ def tokenizer_config(context: int, tok: Tokenizer, chat: bool = False) -> dict[s
     if chat:
         config["chat_template"] = JINJA_TEMPLATE
     return config
-
-
-def trained_on_chat(data_dir: str | Path | None) -> bool:
-    """Whether a run's dataset (its manifest, if still there) is in the chat format; a version
-    this octlm does not know is refused in one line."""
-    path = Path(data_dir or "") / MANIFEST_NAME
-    if not data_dir or not path.is_file():
-        return False
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if "chat_template" not in manifest:
-        return False
-    check_template_version(manifest["chat_template"].get("version"), str(path))
-    return True
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -200,8 +188,13 @@ def export(
     *,
     force: bool = False,
     tokenizer: str | Path | None = None,
+    outtype: str | None = None,
 ) -> Path:
-    """Export in `fmt` (one of FORMATS) to `out`; returns the folder or file written."""
+    """Export in `fmt` (one of FORMATS) to `out`; returns the folder or file written.
+    `outtype` (gguf only): the tensor type, f32, f16 (default) or q8_0."""
+    check_outtype(outtype, fmt)
+    if fmt == "gguf":
+        return export_gguf(run_or_ckpt, out, force=force, tokenizer=tokenizer, outtype=outtype)
     if fmt == "hf":
         return export_hf(run_or_ckpt, out, force=force, tokenizer=tokenizer)
     if fmt == "safetensors":

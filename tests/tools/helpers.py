@@ -101,3 +101,15 @@ def write_rl_log(folder: Path) -> Path:
             log.write("val", step=s, **passes, heldout_reward=0.5, heldout_cut=0.0)
     log.close()
     return folder
+
+
+EXPORT_CONTEXT = 64  # prompt + generated tokens fit, so nothing slides its window
+
+
+def export_run_args(data: Path, out: Path) -> list[str]:
+    """`octlm train` of the tiny run the export tests export: 40 steps (~2 s), enough for
+    attention to matter, so a RoPE layout error would show."""
+    args = ["train", "--model", "tiny", "--data", data, "--out", out, "--context", EXPORT_CONTEXT]
+    args += ["--steps", 40, "--warmup", 5, "--lr", "3e-3", "--dtype", "fp32", "--micro-batch", 4]
+    args += ["--accum", 1, "--val-every", 1000, "--val-batches", 1, "--no-progress"]
+    return [str(a) for a in args]

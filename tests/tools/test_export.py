@@ -28,6 +28,7 @@ from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
 from tests import octlm_process
+from tests.tools.helpers import EXPORT_CONTEXT, export_run_args
 
 # Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.slow
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-CONTEXT = 64  # prompt (16) + generated (32) fit, so neither side slides its window
+CONTEXT = EXPORT_CONTEXT
 HF_FILES = {
     "config.json",
     "generation_config.json",
@@ -65,14 +66,8 @@ def assert_one_error_line(proc: subprocess.CompletedProcess[str], expected: str)
 
 @pytest.fixture(scope="module")
 def run(tiny_dataset: Path, tmp_path_factory) -> Path:
-    """40 steps (~2 s): enough for attention to matter, so a RoPE layout error would show."""
     out = tmp_path_factory.mktemp("export") / "run"
-    octlm(
-        *("train", "--model", "tiny", "--data", tiny_dataset, "--out", out),
-        *("--context", CONTEXT, "--steps", 40, "--warmup", 5, "--lr", "3e-3", "--dtype", "fp32"),
-        *("--micro-batch", 4, "--accum", 1, "--val-every", 1000, "--val-batches", 1),
-        "--no-progress",
-    )
+    octlm(*export_run_args(tiny_dataset, out))
     return out
 
 
