@@ -8,6 +8,7 @@ from types import ModuleType
 from octlm.errors import OctlmError
 
 EXTRAS = {"pyarrow": "data", "zstandard": "data", "tensorboard": "tensorboard", "wandb": "wandb"}
+EXTRAS |= {"starlette": "serve", "uvicorn": "serve"}
 """Which `octlm[...]` extra brings each optional package."""
 
 
