@@ -50,6 +50,7 @@ class Choice:
         if self.row.logprobs is None:
             return None
         tokens = self.tokens[since:]
+
         def name(ids: list[int]) -> str:  # EOS too, by its name
             return self.tokenizer.decode(ids, skip_special_tokens=False)
 
