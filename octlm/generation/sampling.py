@@ -141,10 +141,14 @@ def generate_batch(
 
 
 def choose(
-    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator,
+    top_p: float | None = None,
 ) -> int:
     """The next id from one row's float32 logits (1, V): the argmax at temperature 0, else a
-    draw from `generator` after temperature and top-k."""
+    draw from `generator` after temperature, top-k and (`top_p` below 1) nucleus sampling."""
     if temperature <= 0:
         return int(logits.argmax(dim=-1))
     scaled = logits / temperature
@@ -155,7 +159,18 @@ def choose(
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1:
+        probs = nucleus(probs, top_p)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def nucleus(probs: Tensor, top_p: float) -> Tensor:
+    """`probs` (1, V) with only the likeliest tokens whose mass reaches `top_p` kept (the
+    first always): the others zeroed, which `torch.multinomial` never draws."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # the mass ahead of each token
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 
 class Continuation:

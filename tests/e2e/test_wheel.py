@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,9 @@ def test_the_wheel_trains_tiny_by_name_in_an_empty_folder(tmp_path: Path) -> Non
     assert sorted(p.name for p in work.iterdir()) == ["run"]  # nothing written beside the run
     run("octlm", "report", "run", "-o", "report.html", cwd=work, env=env)
     assert "day1-overfit" in (work / "report.html").read_text()  # a shipped preset, not the run
+
+
+def test_the_wheel_ships_the_chat_page(tmp_path: Path) -> None:
+    """`octlm serve`'s page at `/` is package data, read beside octlm/serve/app.py."""
+    with zipfile.ZipFile(build_wheel(tmp_path)) as wheel:
+        assert "octlm/serve/page.html" in wheel.namelist()

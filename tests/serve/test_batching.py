@@ -1,0 +1,98 @@
+"""The batch decoding thread in this process, on a random unit model: each row's tokens are
+the ones `generate` gives its prompt alone with its seed, whether it decodes alone, beside
+others, or joins a batch already running; rows that end or are cancelled leave it."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+import torch
+
+from octlm.generation.sampling import generate, nucleus
+from octlm.model.gpt import GPT
+from octlm.serve.batching import End, Row, Scheduler, Token
+from tests.unit_model import unit_config
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(unit_config(48)).eval()
+
+
+def collect(rows: list[Row], events: queue.Queue, timeout: float = 30) -> dict[int, list]:
+    out: dict[int, list] = {i: [] for i in range(len(rows))}
+    ended = 0
+    while ended < len(rows):
+        k, event = events.get(timeout=timeout)
+        out[k].append(event)
+        ended += isinstance(event, End)
+    return out
+
+
+def make_rows(prompts, events, **sampling) -> list[Row]:
+    return [
+        Row(
+            p,
+            sampling.get("max_tokens", 8),
+            lambda e, k=k: events.put((k, e)),
+            temperature=1.0,
+            top_k=sampling.get("top_k"),
+            top_p=sampling.get("top_p"),
+            seed=100 + k,
+        )  # fmt: skip
+        for k, p in enumerate(prompts)
+    ]
+
+
+def tokens(events: list) -> list[int]:
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+def test_rows_decoded_together_draw_their_seeds_tokens(model) -> None:
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12]]
+    events: queue.Queue = queue.Queue()
+    scheduler = Scheduler(model, max_batch=8)
+    rows = make_rows(prompts, events, top_k=20)
+    scheduler.submit(rows)  # all waiting before the thread starts: one batch
+    scheduler.start()
+    try:
+        got = collect(rows, events)
+    finally:
+        scheduler.close()
+    assert scheduler.widest == len(prompts)
+    for k, p in enumerate(prompts):
+        alone = generate(model, p, 8, temperature=1.0, top_k=20, seed=100 + k)
+        assert tokens(got[k]) == alone
+        assert got[k][-1] == End("length")
+
+
+def test_a_row_joins_a_running_batch_and_a_cancelled_one_leaves(model) -> None:
+    events: queue.Queue = queue.Queue()
+    scheduler = Scheduler(model, max_batch=8)
+    first = make_rows([[1, 2, 3, 4, 5, 6]], events, max_tokens=30)
+    scheduler.start()
+    try:
+        scheduler.submit(first)
+        seen = events.get(timeout=30)  # the first row's first token: its batch is running
+        late = Row([7, 8], 5, lambda e: events.put((1, e)), temperature=1.0, seed=7)
+        gone = Row([9], 40, lambda e: None, temperature=1.0, seed=9)
+        scheduler.submit([late, gone])
+        gone.cancelled.set()
+        got = collect([first[0], late], events)
+        got[0].insert(0, seen[1])
+    finally:
+        scheduler.close()
+    assert scheduler.widest == 2  # the late row decoded beside the first
+    assert tokens(got[1]) == generate(model, [7, 8], 5, temperature=1.0, seed=7)
+    assert tokens(got[0]) == generate(model, [1, 2, 3, 4, 5, 6], 30, temperature=1.0, seed=100)
+    assert scheduler.load()["running"] == 0 and scheduler.load()["waiting"] == 0
+
+
+def test_top_p_keeps_the_likeliest_tokens_whose_mass_reaches_it() -> None:
+    probs = torch.tensor([[0.1, 0.5, 0.3, 0.1]])
+    assert nucleus(probs, 0.5).tolist() == [[0.0, 0.5, 0.0, 0.0]]
+    assert nucleus(probs, 0.7)[0].tolist() == [0.0, 0.5, probs[0, 2].item(), 0.0]
+    assert int((nucleus(probs, 0.85) > 0).sum()) == 3  # 0.5 + 0.3 < 0.85: one of the 0.1s too
+    assert nucleus(probs, 1e-9).tolist() == [[0.0, 0.5, 0.0, 0.0]]  # the first always stays
