@@ -1,0 +1,193 @@
+"""The exact inference path: a token's logits are the same bits whichever way they are asked for.
+
+`forward_exact` computes `GPT.forward`'s logits (same modules, same weights, same dtype) so that
+a position's result depends on its own token and the tokens before it, nothing else: not on
+how many rows share the batch, where the row sits in it, how it is padded, whether the earlier
+positions come from a key/value cache or from this call (decode, prefill in chunks of any
+size, the full forward), nor on the micro-batch an evaluation runs. Measured on this build
+(PyTorch 2.13 CPU, MKL 2024.2, tests/model/test_exact.py), the plain path is not so:
+
+- a matrix product's row depends on the number of rows: MKL runs 1 row as a matrix-vector
+  product and picks other kernels by the row count (rows 1..15 of a (M, 384) x (384, 1024)
+  product differ from the same rows in M = 300), so the KV-cache decode of one token (M = 1)
+  differs from the full forward's row (2.4e-7 on a projection, 1.4e-6 on the logits of `tiny`);
+- SDPA reduces over the keys it is given: one query over its p + 1 keys, or over keys of
+  which some are masked (left padding), sums in another order than the causal kernel over the
+  whole sequence (2e-8 on an attention output).
+
+So here every matrix product has one shape per weight: the rows are cut into tiles of `ROWS`
+(the last one zero-padded) and each tile is its own product, whose rows MKL computes without
+regard to the other rows of the tile or the position in it (checked). Attention is written
+out: a query's scores against keys in tiles of `KEYS` (a (QUERIES, D) x (D, KEYS) product per
+query tile and key tile), keys past the query masked to -inf, the max over every key, the
+exponentials, each key tile's sum, and the tiles' partial sums and value products added in key
+order (a cumulative sum: a left fold), so key tiles that lie wholly past the query add exact
+zeros and change no bit. A row's keys sit at its own positions 0, 1, ... (a batch is padded on
+the right, never on the left), so a row alone and in any batch reduce over the same layout.
+Elementwise ops (norms, RoPE, SwiGLU, residual adds) act on each row alone.
+
+The training forward (`GPT.forward`) is untouched: this path is for inference, asked for with
+`exact=True` (`octlm/generation/sampling.py`, `octlm/evaluate/likelihood.py`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from octlm.model.gpt import GPT, Attention
+from octlm.model.positions import apply_rope
+
+ROWS = 2
+"""Rows of every weight product's tile. On this CPU (1 thread, `tiny`'s and `small`'s layer
+shapes) a product of 2 rows costs what MKL's 1-row product costs, 4 rows 1.6-2x, 8 rows
+2.5-3x: so 2, and a batch of 8 is 4 tiles (1.3-1.45x the one product of 8 rows)."""
+QUERIES = 8
+"""Queries of an attention tile."""
+KEYS = 64
+"""Keys of an attention tile."""
+QUERY_TILES = 16
+"""Query tiles computed together (bounds the score tensor's memory; changes no bit)."""
+
+
+def padded_rows(n: int) -> int:
+    return -(-n // ROWS) * ROWS
+
+
+def tiled_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight.T for x (M, K), M a multiple of ROWS, one product of ROWS rows per tile."""
+    if x.shape[0] == ROWS:
+        return F.linear(x, weight)
+    return torch.cat([F.linear(tile, weight) for tile in x.split(ROWS)])
+
+
+def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    return tiled_linear(x, layer.weight)
+
+
+class ExactCache:
+    """Keys and values per layer (B, KV heads, capacity, D), row b's position t at slot t; the
+    capacity is the context rounded up to whole key tiles. Rows may hold different lengths:
+    the caller says where each row's new tokens start (`forward_exact`'s `start`)."""
+
+    def __init__(self, model: GPT, batch: int) -> None:
+        cfg = model.config
+        weight = model.tok_embeddings.weight
+        self.capacity = cfg.context
+        shape = (batch, cfg.n_kv_heads, -(-cfg.context // KEYS) * KEYS, cfg.head_dim)
+        self.keys = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
+        self.values = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
+
+
+def forward_exact(
+    model: GPT,
+    ids: Tensor,
+    cache: ExactCache | None = None,
+    start: Tensor | None = None,
+    at: Tensor | None = None,
+) -> Tensor:
+    """Logits (B, T, V) of `ids` (B, T), row b's tokens at positions start[b].. (default 0),
+    after the positions before start[b] that `cache` holds (which then holds these too).
+    Without a cache, start must be 0: the full forward. With `at` (B,), only position at[b] of
+    each row (an index into T): logits (B, 1, V). Rows padded on the right are fine: a
+    position never reads a later one."""
+    B, T = ids.shape
+    device = ids.device
+    if start is None:
+        start = torch.zeros(B, dtype=torch.long, device=device)
+    positions = start.view(B, 1) + torch.arange(T, device=device)  # (B, T)
+    limit = model.config.context
+    if int(positions.max()) >= limit:
+        raise ValueError(f"positions up to {int(positions.max())} do not fit context {limit}")
+    if cache is None and bool(start.any()):
+        raise ValueError("without a cache every row starts at position 0")
+    n, padded = B * T, padded_rows(B * T)
+    h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
+    cos = model.rope.cos[positions].unsqueeze(1)  # (B, 1, T, D)
+    sin = model.rope.sin[positions].unsqueeze(1)
+    first: Tensor | None = None
+    for i, layer in enumerate(model.layers):
+        x = layer.attention_norm(h)
+        attended, values = _attend(layer.attention, x, B, T, cos, sin, positions, cache, i, first)
+        if model.config.value_residual and first is None:
+            first = values
+        h = h + attended
+        ffn = layer.feed_forward
+        y = layer.ffn_norm(h)
+        h = h + _linear(ffn.w2, F.silu(_linear(ffn.w1, y)) * _linear(ffn.w3, y))
+    if at is not None:
+        h = h[:n].view(B, T, -1)[torch.arange(B, device=device), at]  # (B, C)
+        h, n, T = F.pad(h, (0, 0, 0, padded_rows(B) - B)), B, 1
+    logits = tiled_linear(model.norm(h), model.tok_embeddings.weight)
+    if model.config.logit_softcap > 0:
+        cap = model.config.logit_softcap
+        logits = cap * torch.tanh(logits.float() / cap)
+    return logits[:n].view(B, T, -1)
+
+
+def _attend(
+    attn: Attention,
+    x: Tensor,
+    B: int,
+    T: int,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    cache: ExactCache | None,
+    layer: int,
+    first_values: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values."""
+    H, KV, D, n = attn.n_heads, attn.n_kv_heads, attn.head_dim, B * T
+    q = _linear(attn.wq, x)[:n].view(B, T, H, D).transpose(1, 2)
+    k = _linear(attn.wk, x)[:n].view(B, T, KV, D).transpose(1, 2)
+    v = _linear(attn.wv, x)[:n].view(B, T, KV, D).transpose(1, 2)
+    if attn.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if first_values is not None:
+        v = 0.5 * (v + first_values)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    end = int(positions[:, -1].max()) + 1
+    width = -(-end // KEYS) * KEYS
+    if cache is None:  # positions are 0..T-1
+        keys = F.pad(k, (0, 0, 0, width - T))
+        values = F.pad(v, (0, 0, 0, width - T))
+    else:
+        rows = torch.arange(B, device=x.device).view(B, 1)
+        cache.keys[layer][rows, :, positions] = k.transpose(1, 2).to(cache.keys[layer].dtype)
+        cache.values[layer][rows, :, positions] = v.transpose(1, 2).to(cache.values[layer].dtype)
+        keys, values = cache.keys[layer][:, :, :width], cache.values[layer][:, :, :width]
+    y = attention(q, keys, values, positions)  # (B, H, T, D)
+    y = y.to(x.dtype).transpose(1, 2).reshape(n, H * D)
+    return _linear(attn.wo, F.pad(y, (0, 0, 0, x.shape[0] - n))), v
+
+
+def attention(q: Tensor, keys: Tensor, values: Tensor, positions: Tensor) -> Tensor:
+    """Causal attention of q (B, H, T, D) at `positions` (B, T) over keys and values
+    (B, KV, W, D), key j at position j, W a multiple of KEYS: float32 (B, H, T, D), computed in
+    fixed tiles (the module's docstring)."""
+    B, H, T, D = q.shape
+    KV, W = keys.shape[1], keys.shape[2]
+    group = H // KV
+    nq, nk = -(-T // QUERIES), W // KEYS
+    q = F.pad(q.float(), (0, 0, 0, nq * QUERIES - T)).view(B, H, nq, 1, QUERIES, D)
+    # A padding query sits at position 0: it reads key 0 only (never NaN), and nothing reads it.
+    qpos = F.pad(positions, (0, nq * QUERIES - T)).view(B, 1, nq, 1, QUERIES, 1)
+    kt = keys.float().repeat_interleave(group, dim=1).view(B, H, 1, nk, KEYS, D).transpose(-1, -2)
+    vt = values.float().repeat_interleave(group, dim=1).view(B, H, 1, nk, KEYS, D)
+    slot = torch.arange(W, device=q.device).view(1, 1, 1, nk, 1, KEYS)
+    scale = 1.0 / math.sqrt(D)
+    out = []
+    for at in range(0, nq, QUERY_TILES):
+        part = slice(at, at + QUERY_TILES)
+        scores = torch.matmul(q[:, :, part], kt) * scale  # (B, H, nq', nk, QUERIES, KEYS)
+        scores = scores.masked_fill(slot > qpos[:, :, part], float("-inf"))
+        top = scores.amax(dim=(3, 5), keepdim=True)
+        weights = torch.exp(scores - top)
+        total = weights.sum(dim=-1).cumsum(dim=3)[:, :, :, -1]  # (B, H, nq', QUERIES)
+        summed = torch.matmul(weights, vt).cumsum(dim=3)[:, :, :, -1]  # (.., QUERIES, D)
+        out.append(summed / total.unsqueeze(-1))
+    return torch.cat(out, dim=2).view(B, H, nq * QUERIES, D)[:, :, :T]
