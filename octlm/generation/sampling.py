@@ -21,7 +21,10 @@ MAX_NEW_TOKENS = 2**20
 the whole window again."""
 SEEDS = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 EXACT = True
-"""The default of `exact` in the functions below (`octlm/model/exact.py`)."""
+"""The default of `exact` in the functions below (`octlm/model/exact.py`): every sampling
+call here is seeded (`seed` defaults to 0), and a seed promises the same text whatever the
+batch and the cache. `exact=False` is the plain path: faster at batch 1 on a small model
+(docs/performance.md), its tokens equal to the exact path's up to a rounding near a tie."""
 BATCH = 64
 """Prompts decoded together at most (`generate_texts`): a prompts file of any length runs in
 batches of this many, each row's text the same as alone, its cache's memory bounded."""
@@ -204,14 +207,12 @@ class Continuation:
     `exact`, the logits are the exact path's (`octlm/model/exact.py`): the same bits cached or
     not."""
 
-    def __init__(self, model: GPT, cache: bool, exact: bool = False) -> None:
+    def __init__(self, model: GPT, cache: bool, exact: bool = EXACT) -> None:
         self.model = model
         self.exact = exact
         self.cache: KVCache | ExactCache | None = None
         if cache:
             self.cache = ExactCache(model, 1) if exact else KVCache(model, 1)
-        self.filled = 0
-        """Positions the exact cache holds."""
 
     def __call__(self, ids: Tensor) -> Tensor:
         context = self.model.config.context
@@ -229,10 +230,10 @@ class Continuation:
     def _exact(self, ids: Tensor, context: int) -> Tensor:
         last = torch.tensor([min(ids.shape[1], context) - 1], device=ids.device)
         if isinstance(self.cache, ExactCache) and ids.shape[1] <= context:
-            new = ids[:, self.filled :]
-            start = torch.tensor([self.filled], device=ids.device)
-            logits = forward_exact(self.model, new, self.cache, start, at=last - self.filled)
-            self.filled = ids.shape[1]  # after the forward: an interrupted call is redone
+            held = self.cache.length
+            start = torch.tensor([held], device=ids.device)
+            logits = forward_exact(self.model, ids[:, held:], self.cache, start, at=last - held)
+            self.cache.length = ids.shape[1]  # after the forward: an interrupted call is redone
             return logits[:, -1, :].float()
         return forward_exact(self.model, ids[:, -context:], at=last)[:, -1, :].float()
 
@@ -246,10 +247,11 @@ def generate_text(
     temperature: float = 0.0,
     top_k: int | None = None,
     seed: int = 0,
+    exact: bool = EXACT,
 ) -> str:
     """`prompt` and its continuation: BOS (EOS if none) + the prompt's ids, continued until EOS or
     `max_new_tokens`, decoded."""
-    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed, "exact": exact}
     return generate_texts(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, **sampling)[0]
 
 
@@ -262,6 +264,7 @@ def generate_texts(
     temperature: float = 0.0,
     top_k: int | None = None,
     seed: int = 0,
+    exact: bool = EXACT,
 ) -> list[str]:
     """`generate_text` of each prompt, decoded in one batch (`generate_batch`): each text is
     the one its prompt gets alone."""
@@ -270,7 +273,7 @@ def generate_texts(
     # With no BOS, EOS is what precedes every document but the first in the training stream.
     start = tokenizer.start_ids or [tokenizer.eos_id]
     ids = [[*start, *tokenizer.encode(p, add_special_tokens=False)] for p in prompts]
-    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed, "exact": exact}
     new = []
     for at in range(0, len(ids), BATCH):
         batch = ids[at : at + BATCH]

@@ -92,7 +92,10 @@ def test_past_the_context_the_cached_and_uncached_logits_are_the_same_bits() -> 
     cached, uncached = Continuation(model, True, exact=True), Continuation(model, False, True)
     for end in steps:
         assert torch.equal(cached(ids[:, :end]), uncached(ids[:, :end])), end
-    plain_cached, plain_uncached = Continuation(model, True), Continuation(model, False)
+    plain_cached, plain_uncached = (
+        Continuation(model, True, False),
+        Continuation(model, False, False),
+    )
     assert any(
         not torch.equal(plain_cached(ids[:, :end]), plain_uncached(ids[:, :end])) for end in steps
     )
@@ -124,3 +127,15 @@ def test_eval_scores_are_the_same_bits_at_micro_batch_1_and_16() -> None:
     assert continuations(model, pairs, CONTEXT, device, batch=7) == one
     plain = [continuations(model, pairs, CONTEXT, device, batch=b, exact=False) for b in (1, 16)]
     assert plain[0] != plain[1], "the plain scores matched across micro-batches: a weak control"
+
+
+@torch.no_grad()
+def test_a_weight_changed_in_place_is_packed_again() -> None:
+    """The float32 products keep each weight packed for MKL; an optimizer step (in place) or a
+    load must not leave the old packing in use."""
+    model, fresh = model_of(torch.float32), model_of(torch.float32, seed=1)
+    ids = ids_of(20, seed=6)
+    forward_exact(model, ids)  # packs the first weights
+    for mine, theirs in zip(model.parameters(), fresh.parameters(), strict=True):
+        mine.copy_(theirs)
+    assert torch.equal(forward_exact(model, ids), forward_exact(fresh, ids))
