@@ -36,22 +36,23 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from octlm.model.gpt import GPT, Attention
 from octlm.model.positions import apply_rope
 
-ROWS = 4
+ROWS = 2
 """Rows of every weight product's tile. In float32 on CPU a tile is MKL's product with the
-weight packed once for 4 rows (`packed`): measured at 1 thread on `tiny`'s and `small`'s layer
-shapes, about what MKL's 1-row product costs (1.0-1.3x), and 2 tiles cost 0.5-0.9x the plain
-unpacked product of 8 rows (whose packing of the weight is redone every call). Unpacked,
-2 rows would cost what 1 row does and 8 rows 2.5-3x."""
-QUERIES = 8
-"""Queries of an attention tile."""
+weight packed once for 2 rows (`product`): measured at 1 thread on `small`'s layer shapes, about
+what MKL's 1-row product costs, so a decode at batch 1 pays little; a batch of 8 is 4 tiles
+(the plain path's one 8-row product is cheaper per row). 4-row tiles cost batch 1 more and
+batch 8 less (docs/performance.md, "Exact decode")."""
+QUERIES = 4
+"""Query rows of an attention tile: the query heads that share a key/value head, at each
+position (a decode step of `tiny` or `small`, 3 heads a group, fills 3 of the 4)."""
 KEYS = 64
 """Keys of an attention tile."""
-QUERY_TILES = 16
+QUERY_TILES = 32
 """Query tiles computed together (bounds the score tensor's memory; changes no bit)."""
 
 
@@ -60,41 +61,46 @@ def padded_rows(n: int) -> int:
 
 
 PACKED = "_octlm_packed"
-"""The attribute of a weight that holds (version, storage, packed weight)."""
+"""The attribute of a product's first weight that holds (versions, the weights joined, packed)."""
 
 
-def packed(weight: Tensor) -> Tensor | None:
-    """`weight` packed by MKL for products of ROWS rows, kept until the weight changes (its
-    version counter or storage): float32 on CPU without autograd or autocast, else None (a
-    plain product per tile: its own bits, as fixed in shape)."""
-    if (
-        weight.dtype != torch.float32
-        or weight.device.type != "cpu"
-        or (torch.is_grad_enabled() and weight.requires_grad)
-        or torch.is_autocast_enabled("cpu")
-        or not torch.backends.mkl.is_available()
-    ):
-        return None
-    key = (weight._version, weight.data_ptr())
-    held = getattr(weight, PACKED, None)
-    if held is None or held[:2] != key:
-        held = (*key, torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), ROWS))
-        setattr(weight, PACKED, held)
-    return held[2]
+def can_pack(weight: Tensor) -> bool:
+    """MKL's packed product serves float32 on CPU without autograd or autocast; elsewhere a
+    plain product per tile (its own bits, as fixed in shape)."""
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and not (torch.is_grad_enabled() and weight.requires_grad)
+        and not torch.is_autocast_enabled("cpu")
+        and torch.backends.mkl.is_available()
+    )
 
 
-def tiled_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x @ weight.T for x (M, K), M a multiple of ROWS, one product of ROWS rows per tile."""
-    pack = packed(weight)
-    if pack is None:
-        out = [F.linear(tile, weight) for tile in x.split(ROWS)]
+def product(x: Tensor, weights: tuple[Tensor, ...]) -> Tensor:
+    """x @ cat(weights).T for x (M, K), M a multiple of ROWS, one product of ROWS rows per
+    tile. Weights sharing an input (wq, wk, wv; w1, w3) are one product: fewer calls, and the
+    joined weight, packed for MKL where `can_pack`, is kept until a weight changes (a version
+    counter or storage moves: an optimizer step, a load)."""
+    pack = can_pack(weights[0])
+    key = tuple((w._version, w.data_ptr()) for w in weights)
+    held = getattr(weights[0], PACKED, None)
+    if held is None or held[0] != key or (pack and held[2] is None):
+        joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
+        mkl = torch.ops.mkl._mkl_reorder_linear_weight(joined.detach(), ROWS) if pack else None
+        held = (key, joined, mkl)
+        setattr(weights[0], PACKED, held)
+    if pack:
+        out = [torch.ops.mkl._mkl_linear(t, held[2], held[1], None, ROWS) for t in x.split(ROWS)]
     else:
-        out = [torch.ops.mkl._mkl_linear(t, pack, weight, None, ROWS) for t in x.split(ROWS)]
+        grad = torch.is_grad_enabled() and weights[0].requires_grad  # then joined afresh
+        weight = torch.cat(weights) if grad and len(weights) > 1 else held[1]
+        out = [F.linear(tile, weight) for tile in x.split(ROWS)]
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
-def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    return tiled_linear(x, layer.weight)
+def tiled_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight.T in tiles of ROWS rows (`product` of one weight)."""
+    return product(x, (weight,))
 
 
 class ExactCache:
@@ -139,16 +145,19 @@ def forward_exact(
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
     cos = model.rope.cos[positions].unsqueeze(1)  # (B, 1, T, D)
     sin = model.rope.sin[positions].unsqueeze(1)
+    masked = future_keys(positions, model.config.n_heads // model.config.n_kv_heads)
     first: Tensor | None = None
     for i, layer in enumerate(model.layers):
         x = layer.attention_norm(h)
-        attended, values = _attend(layer.attention, x, B, T, cos, sin, positions, cache, i, first)
+        attended, values = _attend(
+            layer.attention, x, B, T, cos, sin, positions, masked, cache, i, first
+        )
         if model.config.value_residual and first is None:
             first = values
         h = h + attended
         ffn = layer.feed_forward
-        y = layer.ffn_norm(h)
-        h = h + _linear(ffn.w2, F.silu(_linear(ffn.w1, y)) * _linear(ffn.w3, y))
+        gate, up = product(layer.ffn_norm(h), (ffn.w1.weight, ffn.w3.weight)).chunk(2, dim=-1)
+        h = h + tiled_linear(F.silu(gate) * up, ffn.w2.weight)
     if at is not None:
         h = h[:n].view(B, T, -1)[torch.arange(B, device=device), at]  # (B, C)
         h, n, T = F.pad(h, (0, 0, 0, padded_rows(B) - B)), B, 1
@@ -167,22 +176,24 @@ def _attend(
     cos: Tensor,
     sin: Tensor,
     positions: Tensor,
+    masked: Tensor,
     cache: ExactCache | None,
     layer: int,
     first_values: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values."""
     H, KV, D, n = attn.n_heads, attn.n_kv_heads, attn.head_dim, B * T
-    q = _linear(attn.wq, x)[:n].view(B, T, H, D).transpose(1, 2)
-    k = _linear(attn.wk, x)[:n].view(B, T, KV, D).transpose(1, 2)
-    v = _linear(attn.wv, x)[:n].view(B, T, KV, D).transpose(1, 2)
+    qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight))[:n]
+    q, k, v = qkv.split((H * D, KV * D, KV * D), dim=-1)
+    q = q.reshape(B, T, H, D).transpose(1, 2)
+    k = k.reshape(B, T, KV, D).transpose(1, 2)
+    v = v.reshape(B, T, KV, D).transpose(1, 2)
     if attn.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     if first_values is not None:
         v = 0.5 * (v + first_values)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    end = int(positions[:, -1].max()) + 1
-    width = -(-end // KEYS) * KEYS
+    width = masked.shape[3] * KEYS
     if cache is None:  # positions are 0..T-1
         keys = F.pad(k, (0, 0, 0, width - T))
         values = F.pad(v, (0, 0, 0, width - T))
@@ -191,34 +202,45 @@ def _attend(
         cache.keys[layer][rows, :, positions] = k.transpose(1, 2).to(cache.keys[layer].dtype)
         cache.values[layer][rows, :, positions] = v.transpose(1, 2).to(cache.values[layer].dtype)
         keys, values = cache.keys[layer][:, :, :width], cache.values[layer][:, :, :width]
-    y = attention(q, keys, values, positions)  # (B, H, T, D)
+    y = attention(q, keys, values, masked)  # (B, H, T, D)
     y = y.to(x.dtype).transpose(1, 2).reshape(n, H * D)
-    return _linear(attn.wo, F.pad(y, (0, 0, 0, x.shape[0] - n))), v
+    return tiled_linear(F.pad(y, (0, 0, 0, x.shape[0] - n)), attn.wo.weight), v
 
 
-def attention(q: Tensor, keys: Tensor, values: Tensor, positions: Tensor) -> Tensor:
-    """Causal attention of q (B, H, T, D) at `positions` (B, T) over keys and values
-    (B, KV, W, D), key j at position j, W a multiple of KEYS: float32 (B, H, T, D), computed in
-    fixed tiles (the module's docstring)."""
+def future_keys(positions: Tensor, group: int) -> Tensor:
+    """True where a query row may not read a key: (B, 1, nq, nk, QUERIES, KEYS) over the query
+    tiles of `group` heads x the positions (B, T), and the key tiles up to the last position.
+    A padding row sits at position 0: it reads key 0 only (never NaN), and nothing reads it."""
+    B, T = positions.shape
+    rows = group * T
+    nq, nk = -(-rows // QUERIES), -(-(int(positions.max()) + 1) // KEYS)
+    qpos = F.pad(positions.repeat(1, group), (0, nq * QUERIES - rows))
+    slot = torch.arange(nk * KEYS, device=positions.device).view(1, 1, 1, nk, 1, KEYS)
+    return slot > qpos.view(B, 1, nq, 1, QUERIES, 1)
+
+
+def attention(q: Tensor, keys: Tensor, values: Tensor, masked: Tensor) -> Tensor:
+    """Causal attention of q (B, H, T, D) over keys and values (B, KV, W, D), key j at position
+    j, W a multiple of KEYS, `masked` from `future_keys`: float32 (B, H, T, D), computed in
+    fixed tiles (the module's docstring). The query heads of a key/value head are its rows."""
     B, H, T, D = q.shape
     KV, W = keys.shape[1], keys.shape[2]
-    group = H // KV
-    nq, nk = -(-T // QUERIES), W // KEYS
-    q = F.pad(q.float(), (0, 0, 0, nq * QUERIES - T)).view(B, H, nq, 1, QUERIES, D)
-    # A padding query sits at position 0: it reads key 0 only (never NaN), and nothing reads it.
-    qpos = F.pad(positions, (0, nq * QUERIES - T)).view(B, 1, nq, 1, QUERIES, 1)
-    kt = keys.float().repeat_interleave(group, dim=1).view(B, H, 1, nk, KEYS, D).transpose(-1, -2)
-    vt = values.float().repeat_interleave(group, dim=1).view(B, H, 1, nk, KEYS, D)
-    slot = torch.arange(W, device=q.device).view(1, 1, 1, nk, 1, KEYS)
+    rows = H // KV * T
+    nq, nk = masked.shape[2], W // KEYS
+    q = F.pad(q.float().reshape(B, KV, rows, D), (0, 0, 0, nq * QUERIES - rows))
+    q = q.view(B, KV, nq, 1, QUERIES, D)
+    kt = keys.float().view(B, KV, 1, nk, KEYS, D).transpose(-1, -2)
+    vt = values.float().view(B, KV, 1, nk, KEYS, D)
     scale = 1.0 / math.sqrt(D)
     out = []
     for at in range(0, nq, QUERY_TILES):
         part = slice(at, at + QUERY_TILES)
-        scores = torch.matmul(q[:, :, part], kt) * scale  # (B, H, nq', nk, QUERIES, KEYS)
-        scores = scores.masked_fill(slot > qpos[:, :, part], float("-inf"))
+        scores = torch.matmul(q[:, :, part], kt) * scale  # (B, KV, nq', nk, QUERIES, KEYS)
+        scores = scores.masked_fill(masked[:, :, part], float("-inf"))
         top = scores.amax(dim=(3, 5), keepdim=True)
         weights = torch.exp(scores - top)
-        total = weights.sum(dim=-1).cumsum(dim=3)[:, :, :, -1]  # (B, H, nq', QUERIES)
+        total = weights.sum(dim=-1).cumsum(dim=3)[:, :, :, -1]  # (B, KV, nq', QUERIES)
         summed = torch.matmul(weights, vt).cumsum(dim=3)[:, :, :, -1]  # (.., QUERIES, D)
         out.append(summed / total.unsqueeze(-1))
-    return torch.cat(out, dim=2).view(B, H, nq * QUERIES, D)[:, :, :T]
+    y = out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    return y.view(B, KV, nq * QUERIES, D)[:, :, :rows].reshape(B, H, T, D)
