@@ -31,6 +31,7 @@ from octlm.config.rules import (
     check_section,
     declared_rules,
     fill_sections,
+    new_trajectory,
     require,
     setting,
     trajectory,
@@ -74,6 +75,10 @@ class PolicySettings:
     """Sampling temperature of the rollouts (and of the held-out score)."""
     top_k: int | None = trajectory(None, checks.Int(1))
     """Sample among the k likeliest tokens only (default: all)."""
+    on_policy: bool = new_trajectory(False)
+    """Run the update's forward on the rollouts' exact path (float32, no dropout), so each
+    sampled token's log-prob is bit for bit the one it was drawn with: the step's
+    logprob_diff reads 0.0 (docs/exactness.md, "Exact in use")."""
     steps: int = same_as_training("steps", 100)
     """RL steps: the learning rate reaches 0 at the last."""
     lr: float = same_as_training("lr", 1e-4)
@@ -167,6 +172,7 @@ settings' defaults here, so a generative task is scored as `octlm rl` scores it)
 # new key is appended here and given to its section.
 KEY_ORDER = (
     *("source", "task", "out", "prompts", "samples", "max_new_tokens", "temperature", "top_k"),
+    "on_policy",
     *("steps", "lr", "grad_clip", "seed", "eval_every", "eval_prompts", "pass_k", "ckpt_every"),
     *("keep_last", "stop_at", "resume", "log_to", "progress", "device", "dist_timeout"),
 )
@@ -209,8 +215,12 @@ class RLConfig:
             require(stop_at <= steps, f"stop_at={stop_at} must be between 1 and steps={steps}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every key, flat, in `KEY_ORDER` (what checkpoints and log headers record)."""
-        return {k: getattr(getattr(self, SECTION_OF[k]), k) for k in KEY_ORDER}
+        """Every key, flat, in `KEY_ORDER` (what checkpoints and log headers record); a key added
+        later (`on_policy`) only where set, so the bytes of runs written before it stay."""
+        out = {k: getattr(getattr(self, SECTION_OF[k]), k) for k in KEY_ORDER}
+        if not out["on_policy"]:
+            del out["on_policy"]
+        return out
 
     def by_section(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, in `SECTIONS` order (`--print-config`, the report)."""
@@ -227,7 +237,10 @@ class RLConfig:
 
     def trajectory(self) -> dict[str, Any]:
         """The settings the run's bits depend on: a resume with others is refused."""
-        return {k: getattr(self.policy, k) for k in TRAJECTORY_KEYS}
+        out = {k: getattr(self.policy, k) for k in TRAJECTORY_KEYS}
+        if self.policy.on_policy:  # a later key: recorded only where set (old runs keep theirs)
+            out["on_policy"] = True
+        return out
 
     def fingerprint(self, source: dict[str, Any]) -> str:
         """sha256 of the trajectory and the source model's identity (`source`)."""

@@ -106,6 +106,7 @@ def generate_batch(
     stop_id: int | None = None,
     seeds: Sequence[int] | None = None,
     exact: bool = EXACT,
+    logprobs: list[list[float]] | None = None,
 ) -> list[list[int]]:
     """`generate` of each prompt, in one batch: the prompts left-padded to one length, each row
     sampling from a generator of its own seeded with `seed` (or row i with `seeds[i]`: several
@@ -113,7 +114,12 @@ def generate_batch(
     seed. Prompts that would run past the context go one at a time (the sliding window moves
     each row's positions differently). With `exact` the rows are padded on the right and each
     row's logits are its own bits whatever the batch (`octlm/model/exact.py`); without, a
-    left-padded row agrees with its prompt alone up to rounding."""
+    left-padded row agrees with its prompt alone up to rounding. A `logprobs` list given is
+    filled, on the batched path, with each row's sampled tokens' log-probabilities under the
+    model (float32 log-softmax of the logits, before temperature and top-k): what an RL
+    update differentiates."""
+    if logprobs is not None:
+        logprobs[:] = [[] for _ in prompts]
     row_seeds = list(seeds) if seeds is not None else [seed] * len(prompts)
     if len(row_seeds) != len(prompts):
         raise ValueError(f"{len(row_seeds)} seeds for {len(prompts)} prompts")
@@ -139,6 +145,7 @@ def generate_batch(
             logits = logits_of(step, torch.tensor(last, device=device).unsqueeze(1)).float()
             for b in sorted(live):
                 new[b].append(choose(logits[b : b + 1], temperature, top_k, generators[b]))
+                keep_logprob(logprobs, b, logits, new[b][-1])
                 if new[b][-1] == stop_id:
                     live.discard(b)
             if not live:
@@ -146,6 +153,12 @@ def generate_batch(
     finally:
         model.train(was_training)
     return new
+
+
+def keep_logprob(kept: list[list[float]] | None, row: int, logits: Tensor, token: int) -> None:
+    """Append to kept[row] the float32 log-softmax of `token` in logits[row] (if kept)."""
+    if kept is not None:
+        kept[row].append(float(torch.log_softmax(logits[row : row + 1], -1)[0, token]))
 
 
 def _left_padded_rows(

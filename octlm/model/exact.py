@@ -33,6 +33,7 @@ The training forward (`GPT.forward`) is untouched: this path is for inference, a
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,47 +61,56 @@ def padded_rows(n: int) -> int:
     return -(-n // ROWS) * ROWS
 
 
-PACKED = "_octlm_packed"
-"""The attribute of a product's first weight that holds (versions, the weights joined, packed)."""
-
-
 def can_pack(weight: Tensor) -> bool:
-    """MKL's packed product serves float32 on CPU without autograd or autocast; elsewhere a
-    plain product per tile (its own bits, as fixed in shape)."""
+    """MKL's packed product serves float32 on CPU without autocast; elsewhere a plain product
+    per tile (its own bits, as fixed in shape)."""
     return (
         weight.dtype == torch.float32
         and weight.device.type == "cpu"
-        and not (torch.is_grad_enabled() and weight.requires_grad)
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkl.is_available()
     )
 
 
-def product(x: Tensor, weights: tuple[Tensor, ...]) -> Tensor:
+class PackedProduct(torch.autograd.Function):
+    """The packed tiles' product, differentiable: the forward is the inference path's (so the
+    RL update's log-probs are the rollout's bits), the backward plain matrix products."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, mkl: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        out = [torch.ops.mkl._mkl_linear(t, mkl, weight, None, ROWS) for t in x.split(ROWS)]
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x, None
+
+
+def product(x: Tensor, weights: tuple[Tensor, ...], packs: dict[int, Any]) -> Tensor:
     """x @ cat(weights).T for x (M, K), M a multiple of ROWS, one product of ROWS rows per
-    tile. Weights sharing an input (wq, wk, wv; w1, w3) are one product: fewer calls, and the
-    joined weight, packed for MKL where `can_pack`, is kept until a weight changes (a version
-    counter or storage moves: an optimizer step, a load)."""
+    tile. Weights sharing an input (wq, wk, wv; w1, w3) are one product (fewer calls). The
+    joined weight, packed for MKL where `can_pack`, is kept in `packs` (an `ExactCache`'s, for
+    its decode; else one forward's): the weights must not change while it lives. With autograd
+    the weights are joined afresh (the same values), so the gradient reaches each."""
     pack = can_pack(weights[0])
-    key = tuple((w._version, w.data_ptr()) for w in weights)
-    held = getattr(weights[0], PACKED, None)
-    if held is None or held[0] != key or (pack and held[2] is None):
+    held = packs.get(id(weights[0]))
+    if held is None:
         joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
         mkl = torch.ops.mkl._mkl_reorder_linear_weight(joined.detach(), ROWS) if pack else None
-        held = (key, joined, mkl)
-        setattr(weights[0], PACKED, held)
+        held = packs[id(weights[0])] = (joined, mkl)
+    grad = torch.is_grad_enabled() and weights[0].requires_grad
+    weight = torch.cat(weights) if grad and len(weights) > 1 else held[0]
     if pack:
-        out = [torch.ops.mkl._mkl_linear(t, held[2], held[1], None, ROWS) for t in x.split(ROWS)]
-    else:
-        grad = torch.is_grad_enabled() and weights[0].requires_grad  # then joined afresh
-        weight = torch.cat(weights) if grad and len(weights) > 1 else held[1]
-        out = [F.linear(tile, weight) for tile in x.split(ROWS)]
+        return PackedProduct.apply(x, weight, held[1])
+    out = [F.linear(tile, weight) for tile in x.split(ROWS)]
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
-def tiled_linear(x: Tensor, weight: Tensor) -> Tensor:
+def tiled_linear(x: Tensor, weight: Tensor, packs: dict[int, Any]) -> Tensor:
     """x @ weight.T in tiles of ROWS rows (`product` of one weight)."""
-    return product(x, (weight,))
+    return product(x, (weight,), packs)
 
 
 class ExactCache:
@@ -117,6 +127,8 @@ class ExactCache:
         self.values = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
         self.length = 0
         """Positions filled, kept by a caller whose rows all hold the same count (a chat)."""
+        self.packs: dict[int, Any] = {}
+        """The weights packed for this decode (`product`): the model must not change during it."""
 
 
 def forward_exact(
@@ -141,6 +153,7 @@ def forward_exact(
         raise ValueError(f"positions up to {int(positions.max())} do not fit context {limit}")
     if cache is None and bool(start.any()):
         raise ValueError("without a cache every row starts at position 0")
+    packs: dict[int, Any] = {} if cache is None else cache.packs
     n, padded = B * T, padded_rows(B * T)
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
     cos = model.rope.cos[positions].unsqueeze(1)  # (B, 1, T, D)
@@ -150,18 +163,19 @@ def forward_exact(
     for i, layer in enumerate(model.layers):
         x = layer.attention_norm(h)
         attended, values = _attend(
-            layer.attention, x, B, T, cos, sin, positions, masked, cache, i, first
+            layer.attention, x, B, T, cos, sin, positions, masked, cache, i, first, packs
         )
         if model.config.value_residual and first is None:
             first = values
         h = h + attended
         ffn = layer.feed_forward
-        gate, up = product(layer.ffn_norm(h), (ffn.w1.weight, ffn.w3.weight)).chunk(2, dim=-1)
-        h = h + tiled_linear(F.silu(gate) * up, ffn.w2.weight)
+        y = product(layer.ffn_norm(h), (ffn.w1.weight, ffn.w3.weight), packs)
+        gate, up = y.chunk(2, dim=-1)
+        h = h + tiled_linear(F.silu(gate) * up, ffn.w2.weight, packs)
     if at is not None:
         h = h[:n].view(B, T, -1)[torch.arange(B, device=device), at]  # (B, C)
         h, n, T = F.pad(h, (0, 0, 0, padded_rows(B) - B)), B, 1
-    logits = tiled_linear(model.norm(h), model.tok_embeddings.weight)
+    logits = tiled_linear(model.norm(h), model.tok_embeddings.weight, packs)
     if model.config.logit_softcap > 0:
         cap = model.config.logit_softcap
         logits = cap * torch.tanh(logits.float() / cap)
@@ -180,10 +194,11 @@ def _attend(
     cache: ExactCache | None,
     layer: int,
     first_values: Tensor | None,
+    packs: dict[int, Any],
 ) -> tuple[Tensor, Tensor]:
     """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values."""
     H, KV, D, n = attn.n_heads, attn.n_kv_heads, attn.head_dim, B * T
-    qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight))[:n]
+    qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight), packs)[:n]
     q, k, v = qkv.split((H * D, KV * D, KV * D), dim=-1)
     q = q.reshape(B, T, H, D).transpose(1, 2)
     k = k.reshape(B, T, KV, D).transpose(1, 2)
@@ -204,7 +219,7 @@ def _attend(
         keys, values = cache.keys[layer][:, :, :width], cache.values[layer][:, :, :width]
     y = attention(q, keys, values, masked)  # (B, H, T, D)
     y = y.to(x.dtype).transpose(1, 2).reshape(n, H * D)
-    return tiled_linear(F.pad(y, (0, 0, 0, x.shape[0] - n)), attn.wo.weight), v
+    return tiled_linear(F.pad(y, (0, 0, 0, x.shape[0] - n)), attn.wo.weight, packs), v
 
 
 def future_keys(positions: Tensor, group: int) -> Tensor:

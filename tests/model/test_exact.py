@@ -131,11 +131,12 @@ def test_eval_scores_are_the_same_bits_at_micro_batch_1_and_16() -> None:
 
 @torch.no_grad()
 def test_a_weight_changed_in_place_is_packed_again() -> None:
-    """The float32 products keep each weight packed for MKL; an optimizer step (in place) or a
-    load must not leave the old packing in use."""
+    """The float32 products use each weight packed for MKL, packed anew by each forward (or
+    decode's cache): a change through `.data`, which no version counter sees (an RL step
+    between two rollouts), must not leave the old packing in use."""
     model, fresh = model_of(torch.float32), model_of(torch.float32, seed=1)
     ids = ids_of(20, seed=6)
     forward_exact(model, ids)  # packs the first weights
     for mine, theirs in zip(model.parameters(), fresh.parameters(), strict=True):
-        mine.copy_(theirs)
+        mine.data.copy_(theirs)
     assert torch.equal(forward_exact(model, ids), forward_exact(fresh, ids))
