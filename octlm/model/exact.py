@@ -102,9 +102,12 @@ def product(x: Tensor, weights: tuple[Tensor, ...], packs: dict[int, Any]) -> Te
         held = packs[id(weights[0])] = (joined, mkl)
     grad = torch.is_grad_enabled() and weights[0].requires_grad
     weight = torch.cat(weights) if grad and len(weights) > 1 else held[0]
-    if pack:
+    if pack and grad:
         return PackedProduct.apply(x, weight, held[1])
-    out = [F.linear(tile, weight) for tile in x.split(ROWS)]
+    if pack:  # the same kernel without autograd's bookkeeping
+        out = [torch.ops.mkl._mkl_linear(t, held[1], weight, None, ROWS) for t in x.split(ROWS)]
+    else:
+        out = [F.linear(tile, weight) for tile in x.split(ROWS)]
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
