@@ -104,10 +104,11 @@ def product(x: Tensor, weights: tuple[Tensor, ...], packs: dict[int, Any]) -> Te
     weight = torch.cat(weights) if grad and len(weights) > 1 else held[0]
     if pack and grad:
         return PackedProduct.apply(x, weight, held[1])
+    tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step: one tile
     if pack:  # the same kernel without autograd's bookkeeping
-        out = [torch.ops.mkl._mkl_linear(t, held[1], weight, None, ROWS) for t in x.split(ROWS)]
+        out = [torch.ops.mkl._mkl_linear(t, held[1], weight, None, ROWS) for t in tiles]
     else:
-        out = [F.linear(tile, weight) for tile in x.split(ROWS)]
+        out = [F.linear(tile, weight) for tile in tiles]
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
