@@ -31,6 +31,7 @@ from octlm.config.rules import (
     check_section,
     declared_rules,
     fill_sections,
+    new_trajectory,
     require,
     setting,
     trajectory,
@@ -38,6 +39,8 @@ from octlm.config.rules import (
 from octlm.config.run import device_problem, profile_problem, profile_window, trackers_problem
 from octlm.config.train import FIELDS as TRAIN_FIELDS
 
+SAMPLERS = ("exact", "plain")
+"""`sampler`'s values; a run folder without the key sampled on the plain path."""
 MAX_GROUP = 4096
 """Prompts or samples per step at most: more is not a step a small model's run takes."""
 SOURCE_FIX = "name the run to start from: octlm rl RUN ... (or source = RUN in --config)"
@@ -74,6 +77,15 @@ class PolicySettings:
     """Sampling temperature of the rollouts (and of the held-out score)."""
     top_k: int | None = trajectory(None, checks.Int(1))
     """Sample among the k likeliest tokens only (default: all)."""
+    sampler: str | None = new_trajectory(None)
+    """How replies are decoded: exact (`octlm/model/exact.py`: a token's logits the same bits
+    cached or not, alone or in any batch) or plain (PyTorch's kernels, whose bits follow the
+    batch's shape). Unset: exact for a new run, the run's own for a resume (plain for a run
+    written before exact decoding existed, so it continues on its own draws)."""
+    on_policy: bool = new_trajectory(False)
+    """Run the update's forward on the rollouts' exact path (float32, no dropout), so each
+    sampled token's log-prob is bit for bit the one it was drawn with: the step's
+    logprob_diff reads 0.0 (docs/exactness.md, "Exact in use")."""
     steps: int = same_as_training("steps", 100)
     """RL steps: the learning rate reaches 0 at the last."""
     lr: float = same_as_training("lr", 1e-4)
@@ -85,10 +97,22 @@ class PolicySettings:
 
     def __post_init__(self) -> None:
         check_section(self)
+        require(
+            self.sampler in (None, *SAMPLERS),
+            f"sampler {checks.shown(self.sampler)} is unknown",
+            "use exact or plain",
+        )
+        require(
+            not (self.on_policy and self.sampler == "plain"),
+            "on_policy=true reads the exact path's log-probs; sampler=plain samples on another",
+            "drop --sampler plain (or --on-policy)",
+        )
 
     def sampling(self) -> dict[str, Any]:
-        """How a reply is sampled, rollout or held-out: `generate`'s keywords."""
-        return {k: getattr(self, k) for k in ("max_new_tokens", "temperature", "top_k")}
+        """How a reply is sampled, rollout or held-out: `generate`'s keywords (unset sampler:
+        exact, a new run's)."""
+        keys = {k: getattr(self, k) for k in ("max_new_tokens", "temperature", "top_k")}
+        return {**keys, "exact": self.sampler != "plain"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,11 +203,13 @@ settings' defaults here, so a generative task is scored as `octlm rl` scores it)
 # new key is appended here and given to its section.
 KEY_ORDER = (
     *("source", "task", "out", "prompts", "samples", "max_new_tokens", "temperature", "top_k"),
+    "on_policy",
+    "sampler",
     *("steps", "lr", "grad_clip", "seed", "eval_every", "eval_prompts", "pass_k", "ckpt_every"),
     *("keep_last", "stop_at", "resume", "log_to", "progress", "device", "dist_timeout"),
     *("skip_nonfinite", "hash_every", "profile_steps"),
 )
-ADDED_KEYS = ("skip_nonfinite", "hash_every", "profile_steps")
+ADDED_KEYS = ("on_policy", "sampler", "skip_nonfinite", "hash_every", "profile_steps")
 """Keys added after RL runs existed: `to_dict()` records one only when it is not at its
 default, so what an RL run records of its settings stays the bytes it always was unless the
 run uses them (they decide no bit of the trajectory)."""
@@ -259,7 +285,22 @@ class RLConfig:
 
     def trajectory(self) -> dict[str, Any]:
         """The settings the run's bits depend on: a resume with others is refused."""
-        return {k: getattr(self.policy, k) for k in TRAJECTORY_KEYS}
+        out = {k: getattr(self.policy, k) for k in TRAJECTORY_KEYS}
+        if self.policy.on_policy:  # a later key: recorded only where set (old runs keep theirs)
+            out["on_policy"] = True
+        if self.policy.sampler == "exact":  # absent: plain, as every run before the key sampled
+            out["sampler"] = "exact"
+        return out
+
+    def resolved(self, recorded: Mapping[str, Any] | None) -> RLConfig:
+        """The sampler settled: a new run's (`recorded` None) exact unless set; a resume's the
+        one its checkpoint's trajectory `recorded` (absent: plain) unless set, which the resume
+        check then compares."""
+        if self.policy.sampler is not None:
+            return self
+        if recorded is None:
+            return self.replace(sampler="exact")
+        return self.replace(sampler=recorded.get("sampler", "plain"))
 
     def fingerprint(self, source: dict[str, Any]) -> str:
         """sha256 of the trajectory and the source model's identity (`source`)."""

@@ -11,9 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octlm.model.exact import forward_exact
+from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
 
 BATCH = 16
+EXACT = True
+"""Score through the exact path (`octlm/model/exact.py`) by default: a continuation's numbers are
+then the same bits whatever batch it shares and whatever `batch` is. Applies to an octlm `GPT`;
+another module (a Hugging Face model) runs its own forward."""
 
 
 @dataclass(frozen=True)
@@ -40,18 +46,25 @@ def encode_pair(tok: Tokenizer, context: str, continuation: str) -> tuple[list[i
 
 @torch.no_grad()
 def continuations(
-    model: nn.Module, pairs: list[tuple[list[int], list[int]]], context: int, device: torch.device
+    model: nn.Module,
+    pairs: list[tuple[list[int], list[int]]],
+    context: int,
+    device: torch.device,
+    *,
+    batch: int = BATCH,
+    exact: bool = EXACT,
 ) -> list[Continuation]:
     """Each continuation's numbers after its context (cut from the left so that context +
     continuation - 1 tokens fit `context` positions), in batches of BATCH rows padded on the
     right (a causal model's earlier positions never see the padding). The rows are batched
     longest first, as lm-eval does, so a batch pads little; the order depends on the pairs
     alone, so the same pairs give the same numbers. Only the scored positions' logits go
-    through the log-softmax and back to the host."""
+    through the log-softmax and back to the host. With `exact` (an octlm GPT), each row's
+    numbers do not depend on `batch` or on the other rows, bit for bit."""
     if not pairs:
         return []
     order = sorted(range(len(pairs)), key=lambda i: (-len(pairs[i][0]) - len(pairs[i][1]), i))
-    found = _batched(model, [pairs[i] for i in order], context, device)
+    found = _batched(model, [pairs[i] for i in order], context, device, batch, exact)
     out: list[Continuation] = [found[0]] * len(pairs)
     for at, i in enumerate(order):
         out[i] = found[at]
@@ -59,12 +72,18 @@ def continuations(
 
 
 def _batched(
-    model: nn.Module, pairs: list[tuple[list[int], list[int]]], context: int, device: torch.device
+    model: nn.Module,
+    pairs: list[tuple[list[int], list[int]]],
+    context: int,
+    device: torch.device,
+    batch: int,
+    exact: bool,
 ) -> list[Continuation]:
     out: list[Continuation] = []
-    for i in range(0, len(pairs), BATCH):
+    exact = exact and isinstance(model, GPT)
+    for i in range(0, len(pairs), batch):
         rows = []
-        for head, tail in pairs[i : i + BATCH]:
+        for head, tail in pairs[i : i + batch]:
             ids = (head + tail)[-(context + 1) :]
             # A continuation longer than the context itself is scored on its last tokens.
             rows.append((ids, min(len(tail), len(ids) - 1)))
@@ -72,7 +91,8 @@ def _batched(
         x = torch.zeros((len(rows), width), dtype=torch.long)
         for r, (ids, _) in enumerate(rows):
             x[r, : len(ids) - 1] = torch.tensor(ids[:-1])
-        logits = model(x.to(device))  # (B, width, V)
+        x = x.to(device)
+        logits = forward_exact(model, x) if exact else model(x)  # (B, width, V)
         # A position's log-softmax reads its own logits only: over the scored positions alone
         # it gives the bits it gives over the whole (B, width, V) batch, without the work.
         at_row = torch.tensor([r for r, (_, n) in enumerate(rows) for _ in range(n)])

@@ -4,13 +4,14 @@ generator, so a sample is reproducible from its seed and touches no global RNG."
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from octlm.errors import OctlmError
 from octlm.generation.prompts import fit_prompts
+from octlm.model.exact import ExactCache, forward_exact
 from octlm.model.gpt import GPT
 from octlm.model.kvcache import KVCache, forward_cached
 from octlm.tokenizer.core import Tokenizer
@@ -19,6 +20,11 @@ MAX_NEW_TOKENS = 2**20
 """More is not a text anyone waits for: past the context, each new token runs the model over
 the whole window again."""
 SEEDS = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+EXACT = True
+"""The default of `exact` in the functions below (`octlm/model/exact.py`): every sampling
+call here is seeded (`seed` defaults to 0), and a seed promises the same text whatever the
+batch and the cache. `exact=False` is the plain path: faster at batch 1 on a small model
+(docs/performance.md), its tokens equal to the exact path's up to a rounding near a tie."""
 BATCH = 64
 """Prompts decoded together at most (`generate_texts`): a prompts file of any length runs in
 batches of this many, each row's text the same as alone, its cache's memory bounded."""
@@ -59,16 +65,19 @@ def generate(
     seed: int = 0,
     stop_id: int | None = None,
     cache: bool = True,
+    exact: bool = EXACT,
 ) -> list[int]:
     """Continue `prompt_ids`; temperature 0 is greedy. Returns only the new ids. With `cache`
     (the default) each new token runs the model over itself only (`octlm/model/kvcache.py`);
-    without, over the whole context again, which gives the same tokens, slower."""
+    without, over the whole context again, which gives the same tokens, slower. With `exact`
+    (`octlm/model/exact.py`) every token's logits are the bits the full forward of the sequence
+    gives there, cached or not, alone or in a batch."""
     if not prompt_ids:
         raise ValueError("the prompt must hold at least one token")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    logits_of = Continuation(model, cache)
+    logits_of = Continuation(model, cache, exact)
     new: list[int] = []
     # Dropout in train mode would draw from the global RNG and make a sample irreproducible.
     was_training = model.training
@@ -96,12 +105,21 @@ def generate_batch(
     seed: int = 0,
     stop_id: int | None = None,
     seeds: Sequence[int] | None = None,
+    exact: bool = EXACT,
+    logprobs: list[list[float]] | None = None,
 ) -> list[list[int]]:
     """`generate` of each prompt, in one batch: the prompts left-padded to one length, each row
     sampling from a generator of its own seeded with `seed` (or row i with `seeds[i]`: several
     samples of one prompt), so a row's tokens are the ones its prompt gets alone with that
     seed. Prompts that would run past the context go one at a time (the sliding window moves
-    each row's positions differently)."""
+    each row's positions differently). With `exact` the rows are padded on the right and each
+    row's logits are its own bits whatever the batch (`octlm/model/exact.py`); without, a
+    left-padded row agrees with its prompt alone up to rounding. A `logprobs` list given is
+    filled, on the batched path, with each row's sampled tokens' log-probabilities under the
+    model (float32 log-softmax of the logits, before temperature and top-k): what an RL
+    update differentiates."""
+    if logprobs is not None:
+        logprobs[:] = [[] for _ in prompts]
     row_seeds = list(seeds) if seeds is not None else [seed] * len(prompts)
     if len(row_seeds) != len(prompts):
         raise ValueError(f"{len(row_seeds)} seeds for {len(prompts)} prompts")
@@ -109,28 +127,25 @@ def generate_batch(
     if len(prompts) < 2 or longest + max_new_tokens > model.config.context:
         sampling = {"temperature": temperature, "top_k": top_k}
         return [
-            generate(model, p, max_new_tokens, stop_id=stop_id, seed=s, **sampling)
+            generate(model, p, max_new_tokens, stop_id=stop_id, seed=s, exact=exact, **sampling)
             for p, s in zip(prompts, row_seeds, strict=True)
         ]
     if min(len(p) for p in prompts) == 0:
         raise ValueError("every prompt must hold at least one token")
     device = next(model.parameters()).device
-    pad = torch.tensor([longest - len(p) for p in prompts], device=device)
-    rows = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
+    logits_of = (_exact_rows if exact else _left_padded_rows)(model, prompts, device)
     generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds]
-    cache, new = KVCache(model, len(prompts)), [[] for _ in prompts]
+    new: list[list[int]] = [[] for _ in prompts]
     live = set(range(len(prompts)))
     was_training = model.training
     model.eval()
     try:
-        logits = forward_cached(model, rows, cache, pad=pad)[:, -1, :].float()
         for step in range(max_new_tokens):
-            if step:
-                last = [row[-1] if row else 0 for row in new]
-                ids = torch.tensor(last, device=device).unsqueeze(1)
-                logits = forward_cached(model, ids, cache, pad=pad)[:, -1, :].float()
+            last = [row[-1] if row else 0 for row in new]
+            logits = logits_of(step, torch.tensor(last, device=device).unsqueeze(1)).float()
             for b in sorted(live):
                 new[b].append(choose(logits[b : b + 1], temperature, top_k, generators[b]))
+                keep_logprob(logprobs, b, logits, new[b][-1])
                 if new[b][-1] == stop_id:
                     live.discard(b)
             if not live:
@@ -138,6 +153,47 @@ def generate_batch(
     finally:
         model.train(was_training)
     return new
+
+
+def keep_logprob(kept: list[list[float]] | None, row: int, logits: Tensor, token: int) -> None:
+    """Append to kept[row] the float32 log-softmax of `token` in logits[row] (if kept)."""
+    if kept is not None:
+        kept[row].append(float(torch.log_softmax(logits[row : row + 1], -1)[0, token]))
+
+
+def _left_padded_rows(
+    model: GPT, prompts: list[list[int]], device: torch.device
+) -> Callable[[int, Tensor], Tensor]:
+    """The next logits (B, V) at each step of a batch: the prompts left-padded to one length
+    (step 0), then each row's last token (B, 1) through the cache."""
+    longest = max(len(p) for p in prompts)
+    pad = torch.tensor([longest - len(p) for p in prompts], device=device)
+    rows = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
+    cache = KVCache(model, len(prompts))
+
+    def logits_of(step: int, ids: Tensor) -> Tensor:
+        return forward_cached(model, ids if step else rows, cache, pad=pad)[:, -1, :]
+
+    return logits_of
+
+
+def _exact_rows(
+    model: GPT, prompts: list[list[int]], device: torch.device
+) -> Callable[[int, Tensor], Tensor]:
+    """`_left_padded_rows` on the exact path: the prompts padded on the right, each row at its
+    own positions (row b's new token n at position len(prompt b) + n), so its keys and queries
+    sit where they sit alone."""
+    longest = max(len(p) for p in prompts)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    rows = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], device=device)
+    cache = ExactCache(model, len(prompts))
+
+    def logits_of(step: int, ids: Tensor) -> Tensor:
+        if not step:
+            return forward_exact(model, rows, cache, at=lengths - 1)[:, -1, :]
+        return forward_exact(model, ids, cache, lengths + (step - 1))[:, -1, :]
+
+    return logits_of
 
 
 def choose(
@@ -175,14 +231,21 @@ def nucleus(probs: Tensor, top_p: float) -> Tensor:
 
 class Continuation:
     """The next token's float32 logits (1, V) for the ids so far, which grow by one or more a
-    call (a chat adds a turn): with a cache, only the ids it does not hold yet run."""
+    call (a chat adds a turn): with a cache, only the ids it does not hold yet run. With
+    `exact`, the logits are the exact path's (`octlm/model/exact.py`): the same bits cached or
+    not."""
 
-    def __init__(self, model: GPT, cache: bool) -> None:
+    def __init__(self, model: GPT, cache: bool, exact: bool = EXACT) -> None:
         self.model = model
-        self.cache = KVCache(model, 1) if cache else None
+        self.exact = exact
+        self.cache: KVCache | ExactCache | None = None
+        if cache:
+            self.cache = ExactCache(model, 1) if exact else KVCache(model, 1)
 
     def __call__(self, ids: Tensor) -> Tensor:
         context = self.model.config.context
+        if self.exact:
+            return self._exact(ids, context)
         if self.cache is not None and ids.shape[1] <= context:
             # The cache's own count of what it holds: a call interrupted (Ctrl-C in a chat)
             # before the forward finished has not advanced it, and the next call redoes it.
@@ -191,6 +254,16 @@ class Continuation:
         # Past the context the window slides and every position moves (RoPE restarts at the
         # window's first token), so the cached keys are stale: the full forward, as uncached.
         return self.model(ids[:, -context:])[:, -1, :].float()
+
+    def _exact(self, ids: Tensor, context: int) -> Tensor:
+        last = torch.tensor([min(ids.shape[1], context) - 1], device=ids.device)
+        if isinstance(self.cache, ExactCache) and ids.shape[1] <= context:
+            held = self.cache.length
+            start = torch.tensor([held], device=ids.device)
+            logits = forward_exact(self.model, ids[:, held:], self.cache, start, at=last - held)
+            self.cache.length = ids.shape[1]  # after the forward: an interrupted call is redone
+            return logits[:, -1, :].float()
+        return forward_exact(self.model, ids[:, -context:], at=last)[:, -1, :].float()
 
 
 def generate_text(
@@ -202,10 +275,11 @@ def generate_text(
     temperature: float = 0.0,
     top_k: int | None = None,
     seed: int = 0,
+    exact: bool = EXACT,
 ) -> str:
     """`prompt` and its continuation: BOS (EOS if none) + the prompt's ids, continued until EOS or
     `max_new_tokens`, decoded."""
-    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed, "exact": exact}
     return generate_texts(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, **sampling)[0]
 
 
@@ -218,6 +292,7 @@ def generate_texts(
     temperature: float = 0.0,
     top_k: int | None = None,
     seed: int = 0,
+    exact: bool = EXACT,
 ) -> list[str]:
     """`generate_text` of each prompt, decoded in one batch (`generate_batch`): each text is
     the one its prompt gets alone."""
@@ -226,7 +301,7 @@ def generate_texts(
     # With no BOS, EOS is what precedes every document but the first in the training stream.
     start = tokenizer.start_ids or [tokenizer.eos_id]
     ids = [[*start, *tokenizer.encode(p, add_special_tokens=False)] for p in prompts]
-    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
+    sampling = {"temperature": temperature, "top_k": top_k, "seed": seed, "exact": exact}
     new = []
     for at in range(0, len(ids), BATCH):
         batch = ids[at : at + BATCH]

@@ -63,6 +63,7 @@ def count_correct(
     max_new_tokens: int,
     temperature: float,
     top_k: int | None,
+    exact: bool = True,
 ) -> list[tuple[int, int, float, int]]:
     """(prompt index, correct replies, summed reward, cut replies) of each prompt in `indices`."""
     out = []
@@ -77,6 +78,7 @@ def count_correct(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k,
+            exact=exact,
         )
         out.append((p, sum(group.correct), math.fsum(group.rewards), sum(group.cut)))
     return out
@@ -107,6 +109,7 @@ def score_heldout(
     max_new_tokens: int,
     temperature: float,
     top_k: int | None = None,
+    exact: bool = True,
     rank: int = 0,
     world: int = 1,
     gather: Callable[[object], list[object]] | None = None,
@@ -115,6 +118,7 @@ def score_heldout(
     problems = task.heldout(prompts)
     mine = range(rank, len(problems), world)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k}
+    sampling["exact"] = exact
     counts = count_correct(model, tokenizer, task, problems, mine, k=k, seed=seed, **sampling)
     every = [c for part in gather(counts) for c in part] if gather else counts  # type: ignore[union-attr]
     return summarise(every, k)

@@ -90,6 +90,12 @@ def rollouts(run: RLRun, step: int) -> list[Group]:
     return out
 
 
+def max_known(values: list[Any]) -> float | None:
+    """The largest of the values that are not None (None if none is): every process's part."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
 def step_numbers(groups: list[Group]) -> dict[str, Any]:
     """The step's rollout numbers from every prompt's group (prompt order)."""
     groups = sorted(groups, key=lambda g: g.index)
@@ -143,6 +149,7 @@ def one_step(run: RLRun, log: RunLog, say: Any) -> None:
         world=run.dist.world,
         rank=run.dist.rank,
         dtype=run.dtype,
+        exact=cfg.on_policy,
     )
     if update.nonfinite and not cfg.run.skip_nonfinite:  # (no update was made)
         raise lifecycle.nonfinite_error(log, s + 1, update.loss, update.grad_norm, cfg.run.out)
@@ -157,6 +164,7 @@ def one_step(run: RLRun, log: RunLog, say: Any) -> None:
         loss=update.loss,
         lr=lr,
         grad_norm=update.grad_norm,
+        logprob_diff=max_known(gather_objects(update.logprob_diff, run.dist)),
         **numbers,
         tokens=run.sampled_tokens,
         dt=round(t2 - t0, 6),

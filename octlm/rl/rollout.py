@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from octlm.data.chat_format import USER, reply_prompt_ids, turn_ids
 from octlm.generation.sampling import generate_batch
@@ -54,6 +54,9 @@ class Group:
     correct: list[bool]
     cut: list[bool]
     """Stopped by the length cap, not by EOS."""
+    logprobs: list[list[float]] = field(default_factory=list)
+    """Each reply's tokens' log-probabilities as the sampler computed them (empty where the
+    replies were not decoded as one batch): what the update's are checked against."""
 
     @property
     def advantages(self) -> list[float]:
@@ -83,10 +86,13 @@ def sample_group(
     max_new_tokens: int,
     temperature: float,
     top_k: int | None,
+    exact: bool = True,
 ) -> Group:
-    """Sample one reply per seed to `problem` and score each with the task's checker."""
+    """Sample one reply per seed to `problem` and score each with the task's checker (`exact`:
+    on the exact decode path, else the plain one: the run's `sampler`)."""
     ids = prompt_ids(tokenizer, problem)
     eos = tokenizer.eos_id
+    logprobs: list[list[float]] = []
     replies = generate_batch(
         model,
         [ids] * len(seeds),
@@ -95,6 +101,8 @@ def sample_group(
         top_k=top_k,
         seeds=seeds,
         stop_id=eos,
+        logprobs=logprobs,
+        exact=exact,
     )
     texts = [reply_text(tokenizer, r) for r in replies]
     return Group(
@@ -104,6 +112,7 @@ def sample_group(
         rewards=[float(task.reward(problem, t)) for t in texts],
         correct=[bool(task.correct(problem, t)) for t in texts],
         cut=[not r or r[-1] != eos for r in replies],
+        logprobs=logprobs,
     )
 
 

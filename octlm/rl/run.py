@@ -254,6 +254,8 @@ def build(conf: RLConfig) -> RLRun:
     dist, device = init_distributed(conf.device, conf.dist_timeout)
     check_world(conf.prompts, dist.world)
     found = load_newest_valid(Path(conf.out)) if conf.resume else None
+    # The sampler settled before the fingerprint or the resume check reads the trajectory.
+    conf = conf.resolved((found.info.as_written().get("trajectory") or {}) if found else None)
     start = _from_checkpoint(conf, found, device) if found else _from_source(conf)
     tokenizer = _tokenizer(start.info, start.data_dir)
     model_config = dict(start.info.model_config or {})

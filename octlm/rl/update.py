@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from octlm.device import autocast
+from octlm.model.exact import forward_exact
 from octlm.model.gpt import GPT, IGNORE_INDEX
 from octlm.rl.rollout import Group
 from octlm.trainer.optim import set_lr
@@ -32,6 +33,9 @@ class UpdateResult:
     loss: float
     grad_norm: float
     nonfinite: bool = False
+    logprob_diff: float | None = None
+    """The max |sampler's log-prob - the update's| over the sampled tokens this process
+    differentiated (None when none was, or the sampler kept none): 0.0 is on-policy, bitwise."""
 
 
 def learning_rate(step: int, steps: int, lr: float) -> float:
@@ -68,14 +72,17 @@ def policy_update(
     world: int,
     rank: int,
     dtype: str,
+    exact: bool = False,
 ) -> UpdateResult:
     """Forward and backward of this process's `groups` (its prompts in order: micro-batch m is
     prompt m * world + rank), the fixed-tree fold across processes, clip, step.
-    `sampled_tokens`: the step's sampled tokens over every process (the loss's divisor)."""
+    `sampled_tokens`: the step's sampled tokens over every process (the loss's divisor).
+    With `exact` the forward is the rollouts' exact path (`octlm/model/exact.py`, float32, no
+    dropout), so each sampled token's log-prob is the bits the sampler drew it with."""
     device = next(model.parameters()).device
     set_lr(optimizer, lr)
     model.train()
-    losses = []
+    losses, diffs = [], []
     reducer.start()
     for micro, group in enumerate(groups):
         inputs, targets, advantages = group_batch(group)
@@ -84,8 +91,11 @@ def policy_update(
             # prompt draws the same masks on any process.
             torch.manual_seed(leaf_seed(seed, step, micro * world + rank))
             inputs, targets = inputs.to(device), targets.to(device)
-            with autocast(device, dtype):
-                logits = model(inputs)
+            if exact:
+                logits = forward_exact(model, inputs)
+            else:
+                with autocast(device, dtype):
+                    logits = model(inputs)
             nll = F.cross_entropy(
                 logits.float().flatten(0, 1),
                 targets.flatten(),
@@ -95,6 +105,7 @@ def policy_update(
             loss = (nll * advantages.to(device)[:, None]).sum() / max(1, sampled_tokens)
             loss.backward()
             losses.append(loss.detach())
+            diffs += logprob_diffs(group, nll.detach())
         else:  # no gradient: the fold adds this leaf's zeros
             losses.append(torch.zeros((), device=device))
         reducer.after_micro()
@@ -106,4 +117,17 @@ def policy_update(
         return UpdateResult(loss_value, norm, nonfinite=True)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return UpdateResult(loss_value, norm)
+    return UpdateResult(loss_value, norm, logprob_diff=max(diffs) if diffs else None)
+
+
+def logprob_diffs(group: Group, nll: torch.Tensor) -> list[float]:
+    """|sampler's log-prob - the update's| of each sampled token of `group` (none where the
+    sampler kept no log-probs); `nll` (rows, width) is the update's per-token loss."""
+    if len(group.logprobs) != len(group.replies):
+        return []
+    start = len(group.prompt) - 1
+    out = []
+    for row, kept in enumerate(group.logprobs):
+        mine = (-nll[row, start : start + len(kept)]).cpu().tolist()
+        out += [abs(a - b) for a, b in zip(kept, mine, strict=True)]
+    return out

@@ -61,3 +61,23 @@ def test_an_old_rl_run_with_other_settings_is_refused_not_continued(old_runs, so
     )
     assert proc.returncode == 1 and "seed: 0 -> 1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_an_old_rl_run_keeps_sampling_on_the_plain_path(old_runs, source, tmp_path):
+    """Runs written before exact decoding sampled on the plain path: a resume keeps it (its
+    trajectory records no sampler) and refuses another; a new run samples exactly."""
+    import shutil
+
+    from octlm.trainer import checkpoint as ckpt
+
+    split = tmp_path / "split"
+    shutil.copytree(old_runs / "split", split)
+    refused = octlm("rl", str(source), *RL, "--out", str(split), "--resume", "--sampler",
+                    "exact", check=False)  # fmt: skip
+    assert refused.returncode == 1 and "sampler" in refused.stderr
+    octlm("rl", str(source), *RL, "--out", str(split), "--resume")
+    old, _ = ckpt.load_checkpoint(*ckpt.find_checkpoint(split))
+    assert "sampler" not in old.as_written()["trajectory"]
+    octlm("rl", str(source), *RL, "--out", str(tmp_path / "new"))
+    new, _ = ckpt.load_checkpoint(*ckpt.find_checkpoint(tmp_path / "new"))
+    assert new.as_written()["trajectory"]["sampler"] == "exact"

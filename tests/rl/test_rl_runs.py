@@ -77,6 +77,23 @@ def test_stopped_and_resumed_equals_straight_and_another_seed_differs(
     assert all(a["rollout_sha256"] != b["rollout_sha256"] for a, b in pairs)
 
 
+def test_on_policy_logs_a_zero_logprob_diff_and_resumes_exactly(source, straight, tmp_path):
+    """--on-policy: the update's log-prob of every sampled token is the sampler's, bit for bit
+    (logprob_diff 0.0 each step), and a stopped and resumed run equals the straight one. The
+    control: the plain update (the default) logs a difference above 0."""
+    out = tmp_path / "on"
+    rl(source, out, "--on-policy")
+    on = [r["logprob_diff"] for r in read_log(out) if r["type"] == "step"]
+    assert len(on) == 4 and any(d is not None for d in on)
+    assert all(d == 0.0 for d in on if d is not None)
+    off = [r["logprob_diff"] for r in read_log(straight) if r["type"] == "step"]
+    assert any(d is not None and d > 0 for d in off)
+    split = tmp_path / "split"
+    rl(source, split, "--on-policy", "--stop-at", "2")
+    rl(source, split, "--on-policy", "--resume")
+    assert_same_rl_run(split, out)
+
+
 def test_two_processes_resumed_on_one_equal_the_straight_run(source, straight, tmp_path) -> None:
     out = tmp_path / "two"
     rl(source, out, "--nproc", "2", "--stop-at", "2")

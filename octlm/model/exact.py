@@ -1,0 +1,265 @@
+"""The exact inference path: a token's logits are the same bits whichever way they are asked for.
+
+`forward_exact` computes `GPT.forward`'s logits (same modules, same weights, same dtype) so that
+a position's result depends on its own token and the tokens before it, nothing else: not on
+how many rows share the batch, where the row sits in it, how it is padded, whether the earlier
+positions come from a key/value cache or from this call (decode, prefill in chunks of any
+size, the full forward), nor on the micro-batch an evaluation runs. Measured on this build
+(PyTorch 2.13 CPU, MKL 2024.2, tests/model/test_exact.py), the plain path is not so:
+
+- a matrix product's row depends on the number of rows: MKL runs 1 row as a matrix-vector
+  product and picks other kernels by the row count (rows 1..15 of a (M, 384) x (384, 1024)
+  product differ from the same rows in M = 300), so the KV-cache decode of one token (M = 1)
+  differs from the full forward's row (2.4e-7 on a projection, 1.4e-6 on the logits of `tiny`);
+- SDPA reduces over the keys it is given: one query over its p + 1 keys, or over keys of
+  which some are masked (left padding), sums in another order than the causal kernel over the
+  whole sequence (2e-8 on an attention output).
+
+So here every matrix product has one shape per weight: the rows are cut into tiles of `ROWS`
+(the last one zero-padded) and each tile is its own product, whose rows MKL computes without
+regard to the other rows of the tile or the position in it (checked). Attention is written
+out: a query's scores against keys in tiles of `KEYS` (a (QUERIES, D) x (D, KEYS) product per
+query tile and key tile), keys past the query masked to -inf, the max over every key, the
+exponentials, each key tile's sum, and the tiles' partial sums and value products added in key
+order (a cumulative sum: a left fold), so key tiles that lie wholly past the query add exact
+zeros and change no bit. A row's keys sit at its own positions 0, 1, ... (a batch is padded on
+the right, never on the left), so a row alone and in any batch reduce over the same layout.
+Elementwise ops (norms, RoPE, SwiGLU, residual adds) act on each row alone.
+
+The training forward (`GPT.forward`) is untouched: this path is for inference, asked for with
+`exact=True` (`octlm/generation/sampling.py`, `octlm/evaluate/likelihood.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from octlm.model.gpt import GPT, Attention
+from octlm.model.positions import apply_rope
+
+ROWS = 2
+"""Rows of every weight product's tile. In float32 on CPU a tile is MKL's product with the
+weight packed once for 2 rows (`product`): measured at 1 thread on `small`'s layer shapes, about
+what MKL's 1-row product costs, so a decode at batch 1 pays little; a batch of 8 is 4 tiles
+(the plain path's one 8-row product is cheaper per row). 4-row tiles cost batch 1 more and
+batch 8 less (docs/performance.md, "Exact decode")."""
+QUERIES = 4
+"""Query rows of an attention tile: the query heads that share a key/value head, at each
+position (a decode step of `tiny` or `small`, 3 heads a group, fills 3 of the 4)."""
+KEYS = 64
+"""Keys of an attention tile."""
+QUERY_TILES = 32
+"""Query tiles computed together (bounds the score tensor's memory; changes no bit)."""
+
+
+def padded_rows(n: int) -> int:
+    return -(-n // ROWS) * ROWS
+
+
+def can_pack(weight: Tensor) -> bool:
+    """MKL's packed product serves float32 on CPU without autocast; elsewhere a plain product
+    per tile (its own bits, as fixed in shape)."""
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and not torch.is_autocast_enabled("cpu")
+        and torch.backends.mkl.is_available()
+    )
+
+
+class PackedProduct(torch.autograd.Function):
+    """The packed tiles' product, differentiable: the forward is the inference path's (so the
+    RL update's log-probs are the rollout's bits), the backward plain matrix products."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, mkl: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        out = [torch.ops.mkl._mkl_linear(t, mkl, weight, None, ROWS) for t in x.split(ROWS)]
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x, None
+
+
+def product(x: Tensor, weights: tuple[Tensor, ...], packs: dict[int, Any]) -> Tensor:
+    """x @ cat(weights).T for x (M, K), M a multiple of ROWS, one product of ROWS rows per
+    tile. Weights sharing an input (wq, wk, wv; w1, w3) are one product (fewer calls). The
+    joined weight, packed for MKL where `can_pack`, is kept in `packs` (an `ExactCache`'s, for
+    its decode; else one forward's): the weights must not change while it lives. With autograd
+    the weights are joined afresh (the same values), so the gradient reaches each."""
+    pack = can_pack(weights[0])
+    held = packs.get(id(weights[0]))
+    if held is None:
+        joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
+        mkl = torch.ops.mkl._mkl_reorder_linear_weight(joined.detach(), ROWS) if pack else None
+        held = packs[id(weights[0])] = (joined, mkl)
+    grad = torch.is_grad_enabled() and weights[0].requires_grad
+    weight = torch.cat(weights) if grad and len(weights) > 1 else held[0]
+    if pack and grad:
+        return PackedProduct.apply(x, weight, held[1])
+    tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step: one tile
+    if pack:  # the same kernel without autograd's bookkeeping
+        out = [torch.ops.mkl._mkl_linear(t, held[1], weight, None, ROWS) for t in tiles]
+    else:
+        out = [F.linear(tile, weight) for tile in tiles]
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def tiled_linear(x: Tensor, weight: Tensor, packs: dict[int, Any]) -> Tensor:
+    """x @ weight.T in tiles of ROWS rows (`product` of one weight)."""
+    return product(x, (weight,), packs)
+
+
+class ExactCache:
+    """Keys and values per layer (B, KV heads, capacity, D), row b's position t at slot t; the
+    capacity is the context rounded up to whole key tiles. Rows may hold different lengths:
+    the caller says where each row's new tokens start (`forward_exact`'s `start`)."""
+
+    def __init__(self, model: GPT, batch: int) -> None:
+        cfg = model.config
+        weight = model.tok_embeddings.weight
+        self.capacity = cfg.context
+        shape = (batch, cfg.n_kv_heads, -(-cfg.context // KEYS) * KEYS, cfg.head_dim)
+        self.keys = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
+        self.values = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
+        self.length = 0
+        """Positions filled, kept by a caller whose rows all hold the same count (a chat)."""
+        self.packs: dict[int, Any] = {}
+        """The weights packed for this decode (`product`): the model must not change during it."""
+
+
+def forward_exact(
+    model: GPT,
+    ids: Tensor,
+    cache: ExactCache | None = None,
+    start: Tensor | None = None,
+    at: Tensor | None = None,
+) -> Tensor:
+    """Logits (B, T, V) of `ids` (B, T), row b's tokens at positions start[b].. (default 0),
+    after the positions before start[b] that `cache` holds (which then holds these too).
+    Without a cache, start must be 0: the full forward. With `at` (B,), only position at[b] of
+    each row (an index into T): logits (B, 1, V). Rows padded on the right are fine: a
+    position never reads a later one."""
+    B, T = ids.shape
+    device = ids.device
+    if start is None:
+        start = torch.zeros(B, dtype=torch.long, device=device)
+    positions = start.view(B, 1) + torch.arange(T, device=device)  # (B, T)
+    limit = model.config.context
+    if int(positions.max()) >= limit:
+        raise ValueError(f"positions up to {int(positions.max())} do not fit context {limit}")
+    if cache is None and bool(start.any()):
+        raise ValueError("without a cache every row starts at position 0")
+    packs: dict[int, Any] = {} if cache is None else cache.packs
+    n, padded = B * T, padded_rows(B * T)
+    h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
+    cos = model.rope.cos[positions].unsqueeze(1)  # (B, 1, T, D)
+    sin = model.rope.sin[positions].unsqueeze(1)
+    masked = future_keys(positions, model.config.n_heads // model.config.n_kv_heads)
+    first: Tensor | None = None
+    for i, layer in enumerate(model.layers):
+        x = layer.attention_norm(h)
+        attended, values = _attend(
+            layer.attention, x, B, T, cos, sin, positions, masked, cache, i, first, packs
+        )
+        if model.config.value_residual and first is None:
+            first = values
+        h = h + attended
+        ffn = layer.feed_forward
+        y = product(layer.ffn_norm(h), (ffn.w1.weight, ffn.w3.weight), packs)
+        gate, up = y.chunk(2, dim=-1)
+        h = h + tiled_linear(F.silu(gate) * up, ffn.w2.weight, packs)
+    if at is not None:
+        h = h[:n].view(B, T, -1)[torch.arange(B, device=device), at]  # (B, C)
+        h, n, T = F.pad(h, (0, 0, 0, padded_rows(B) - B)), B, 1
+    logits = tiled_linear(model.norm(h), model.tok_embeddings.weight, packs)
+    if model.config.logit_softcap > 0:
+        cap = model.config.logit_softcap
+        logits = cap * torch.tanh(logits.float() / cap)
+    return logits[:n].view(B, T, -1)
+
+
+def _attend(
+    attn: Attention,
+    x: Tensor,
+    B: int,
+    T: int,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor,
+    masked: Tensor,
+    cache: ExactCache | None,
+    layer: int,
+    first_values: Tensor | None,
+    packs: dict[int, Any],
+) -> tuple[Tensor, Tensor]:
+    """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values."""
+    H, KV, D, n = attn.n_heads, attn.n_kv_heads, attn.head_dim, B * T
+    qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight), packs)[:n]
+    q, k, v = qkv.split((H * D, KV * D, KV * D), dim=-1)
+    q = q.reshape(B, T, H, D).transpose(1, 2)
+    k = k.reshape(B, T, KV, D).transpose(1, 2)
+    v = v.reshape(B, T, KV, D).transpose(1, 2)
+    if attn.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if first_values is not None:
+        v = 0.5 * (v + first_values)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    width = masked.shape[3] * KEYS
+    if cache is None:  # positions are 0..T-1
+        keys = F.pad(k, (0, 0, 0, width - T))
+        values = F.pad(v, (0, 0, 0, width - T))
+    else:
+        rows = torch.arange(B, device=x.device).view(B, 1)
+        cache.keys[layer][rows, :, positions] = k.transpose(1, 2).to(cache.keys[layer].dtype)
+        cache.values[layer][rows, :, positions] = v.transpose(1, 2).to(cache.values[layer].dtype)
+        keys, values = cache.keys[layer][:, :, :width], cache.values[layer][:, :, :width]
+    y = attention(q, keys, values, masked)  # (B, H, T, D)
+    y = y.to(x.dtype).transpose(1, 2).reshape(n, H * D)
+    return tiled_linear(F.pad(y, (0, 0, 0, x.shape[0] - n)), attn.wo.weight, packs), v
+
+
+def future_keys(positions: Tensor, group: int) -> Tensor:
+    """True where a query row may not read a key: (B, 1, nq, nk, QUERIES, KEYS) over the query
+    tiles of `group` heads x the positions (B, T), and the key tiles up to the last position.
+    A padding row sits at position 0: it reads key 0 only (never NaN), and nothing reads it."""
+    B, T = positions.shape
+    rows = group * T
+    nq, nk = -(-rows // QUERIES), -(-(int(positions.max()) + 1) // KEYS)
+    qpos = F.pad(positions.repeat(1, group), (0, nq * QUERIES - rows))
+    slot = torch.arange(nk * KEYS, device=positions.device).view(1, 1, 1, nk, 1, KEYS)
+    return slot > qpos.view(B, 1, nq, 1, QUERIES, 1)
+
+
+def attention(q: Tensor, keys: Tensor, values: Tensor, masked: Tensor) -> Tensor:
+    """Causal attention of q (B, H, T, D) over keys and values (B, KV, W, D), key j at position
+    j, W a multiple of KEYS, `masked` from `future_keys`: float32 (B, H, T, D), computed in
+    fixed tiles (the module's docstring). The query heads of a key/value head are its rows."""
+    B, H, T, D = q.shape
+    KV, W = keys.shape[1], keys.shape[2]
+    rows = H // KV * T
+    nq, nk = masked.shape[2], W // KEYS
+    q = F.pad(q.float().reshape(B, KV, rows, D), (0, 0, 0, nq * QUERIES - rows))
+    q = q.view(B, KV, nq, 1, QUERIES, D)
+    kt = keys.float().view(B, KV, 1, nk, KEYS, D).transpose(-1, -2)
+    vt = values.float().view(B, KV, 1, nk, KEYS, D)
+    scale = 1.0 / math.sqrt(D)
+    out = []
+    for at in range(0, nq, QUERY_TILES):
+        part = slice(at, at + QUERY_TILES)
+        scores = torch.matmul(q[:, :, part], kt) * scale  # (B, KV, nq', nk, QUERIES, KEYS)
+        scores = scores.masked_fill(masked[:, :, part], float("-inf"))
+        top = scores.amax(dim=(3, 5), keepdim=True)
+        weights = torch.exp(scores - top)
+        total = weights.sum(dim=-1).cumsum(dim=3)[:, :, :, -1]  # (B, KV, nq', QUERIES)
+        summed = torch.matmul(weights, vt).cumsum(dim=3)[:, :, :, -1]  # (.., QUERIES, D)
+        out.append(summed / total.unsqueeze(-1))
+    y = out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    return y.view(B, KV, nq * QUERIES, D)[:, :, :rows].reshape(B, H, T, D)
