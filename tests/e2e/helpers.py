@@ -157,3 +157,25 @@ def run_cfg(data: Path, out: Path, **kw):
         progress=False,
     )
     return make_config(None, **{**base, **kw})
+
+
+def stop_a_worker_and_read(proc: subprocess.Popen, pid: int) -> tuple[int, str]:
+    """SIGSTOP worker `pid` of the launcher `proc`, read the launcher's stderr to its end, and
+    return (exit code, stderr). The worker is woken (SIGCONT) at the first error line, as
+    whoever stopped it would: the agent, stopping the group after the failure, otherwise waits
+    30 s for it to end before it kills it (it may have killed it already: nothing to wake)."""
+    import contextlib
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    err = ""
+    try:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            err += line
+            if line.startswith("octlm: error:"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        return proc.wait(timeout=120), err
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the agent may have killed it
+            os.kill(pid, signal.SIGCONT)

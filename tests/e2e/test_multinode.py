@@ -8,7 +8,6 @@ one line with its last checkpoint intact.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
@@ -22,7 +21,7 @@ import pytest
 
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.forkstart import worker_pids
-from tests.e2e.helpers import DIST_FLAGS, dist_args, end_hash, steps_of
+from tests.e2e.helpers import DIST_FLAGS, dist_args, end_hash, steps_of, stop_a_worker_and_read
 from tests.e2e.helpers import DIST_STEPS as STEPS
 
 pytestmark = pytest.mark.slow
@@ -255,22 +254,7 @@ def test_a_stopped_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
     out = tmp_path / "run"
     proc = start(*args(tiny_dataset, out, "--nproc", "2", "--dist-timeout", "4"))
     wait_for_step(out, 3, proc)
-    stopped = worker_pids(proc.pid)[-1]
-    os.kill(stopped, signal.SIGSTOP)
-    err = ""
-    try:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            err += line
-            if line.startswith("octlm: error:"):
-                # Wake it, as whoever stopped it would: the agent, stopping the group after
-                # the failure, otherwise waits 30 s for it to end before it kills it (it may
-                # have killed it already: then there is nothing to wake).
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(stopped, signal.SIGCONT)
-        code = proc.wait(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the agent may have killed it
-            os.kill(stopped, signal.SIGCONT)
+    code, err = stop_a_worker_and_read(proc, worker_pids(proc.pid)[-1])
     assert code != 0
     lines = [ln for ln in err.splitlines() if ln.startswith("octlm: error:")]
     # Rank 0 timed out; the woken rank may then say, in its own line, that its peer is gone.

@@ -4,10 +4,8 @@ now RL's too: the one line naming a failed peer, with the checkpoint intact."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import pytest
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.forkstart import worker_pids
 from octlm.trainer.lifecycle import RL, TRAINING, refuse_folder
-from tests.e2e.helpers import octlm
+from tests.e2e.helpers import octlm, stop_a_worker_and_read
 from tests.rl.helpers import RL as RL_FLAGS
 from tests.rl.helpers import chat_source
 
@@ -114,19 +112,7 @@ def test_a_stopped_rl_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
     argv += ["--steps", "200", "--nproc", "2", "--dist-timeout", "4"]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     wait_for_step(out, 3, proc)  # step 2's checkpoint is written before step 3 begins
-    stopped = worker_pids(proc.pid)[-1]
-    os.kill(stopped, signal.SIGSTOP)
-    err = ""
-    try:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            err += line
-            if line.startswith("octlm: error:"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(stopped, signal.SIGCONT)
-        code = proc.wait(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(stopped, signal.SIGCONT)
+    code, err = stop_a_worker_and_read(proc, worker_pids(proc.pid)[-1])
     assert code != 0
     lines = [ln for ln in err.splitlines() if ln.startswith("octlm: error:")]
     assert lines and "no answer from another process in 4 s" in lines[0], err[-2000:]
