@@ -42,6 +42,7 @@ from octlm.trainer.optim import build_optimizer
 from octlm.trainer.reduction import TreeReducer
 from octlm.trainer.resume import load_newest_valid
 from octlm.trainer.saver import BackgroundSaver
+from octlm.trainer.source_identity import other_source, source_folder
 from octlm.trainer.state import configure_determinism
 
 KIND = "rl"
@@ -184,6 +185,12 @@ def check_lengths(conf: RLConfig, task: Task, tokenizer: Tokenizer, context: int
     problems = [task.problem(conf.seed, 0, p) for p in range(conf.prompts)]
     problems += task.heldout(conf.eval_prompts)
     longest = max(len(prompt_ids(tokenizer, p)) for p in problems)
+    if longest >= context:  # no --max-new-tokens helps: the prompt leaves no room for a reply
+        raise OctlmError(
+            f"a prompt of task {task.name} is {longest} tokens, which alone fills the model's "
+            f"context of {context}",
+            "use a task of shorter prompts, or a model trained with a longer --context",
+        )
     if longest + conf.max_new_tokens > context:
         raise OctlmError(
             f"--max-new-tokens {conf.max_new_tokens} after a prompt of {longest} tokens runs past "
@@ -320,9 +327,15 @@ def _check_resumable(conf: RLConfig, meta: dict[str, Any]) -> None:
             f"octlm from {version}: the run would not continue on the same problems",
             "resume with the octlm (or reasoning-gym) the run started with",
         )
-    recorded = meta["rl"]["source"]
-    if Path(conf.source).resolve() != Path(recorded).resolve():
+    given, file = meta["rl"]["source"], meta["init_from"]["path"]
+    sha256 = meta["init_from"].get("weights_sha256")
+    other = other_source(str(conf.source), given, file, sha256, _source_weights_sha256)
+    if other is not None:
         raise ResumeError(
-            f"the RL run in {conf.out} started from {recorded}, not {conf.source}",
-            f"resume with {recorded} as the run to start from",
+            f"the RL run in {conf.out} started from {other}",
+            f"resume with {source_folder(file)} as the run to start from",
         )
+
+
+def _source_weights_sha256(source: str) -> str:
+    return weights_sha256(load_weights(source)[1])

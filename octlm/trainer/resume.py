@@ -41,6 +41,8 @@ from octlm.device import fast_bf16_products
 from octlm.errors import RankError, ResumeError
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.distributed import DistInfo, agree, broadcast_json, broadcast_tensor
+from octlm.trainer.init_from import read_source
+from octlm.trainer.source_identity import other_source, source_folder
 
 
 class Found(NamedTuple):
@@ -132,7 +134,7 @@ def settle(
         not fast_bf16_products(device), info, device
     )
     cfg = settled_ns_dtype(settled_defaults(cfg, resumed), resumed, fast_bf16)
-    return elastic_config(cfg, info.world, resumed)
+    return elastic_config(settled_init_from(cfg, resumed), info.world, resumed)
 
 
 def settled_defaults(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> TrainConfig:
@@ -146,6 +148,28 @@ def settled_defaults(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> T
         saved = resumed.trajectory.get("reduction", "collective") if resumed else None
         cfg = cfg.replace(reduction=reduction_or_default(saved))
     return cfg
+
+
+def settled_init_from(cfg: TrainConfig, resumed: ckpt.CheckpointInfo | None) -> TrainConfig:
+    """A resume's --init-from as the run recorded it when it names the same source, however
+    typed (a path relative to another working folder, or the source copied elsewhere), so the
+    fingerprint compares the run and not the spelling; another source is refused in one line
+    with both sides in full (unless --allow-config-change takes it)."""
+    typed, record = cfg.run.init_from, resumed.init_from if resumed is not None else None
+    if typed is None or not record or "file" not in record or cfg.run.allow_config_change:
+        return cfg
+    file = record["file"]
+    other = other_source(typed, record.get("path"), file, record.get("weights_sha256"), _sha256)
+    if other is not None:
+        raise ResumeError(
+            f"the run in {cfg.run.out} started from --init-from {other}",
+            f"resume with --init-from {source_folder(file)}, or start a new run in another --out",
+        )
+    return cfg.replace(init_from=record.get("path", typed))
+
+
+def _sha256(source: str) -> str:
+    return read_source(source).record["weights_sha256"]
 
 
 def settled_ns_dtype(
