@@ -124,10 +124,13 @@ PACKAGE_ERRORS = {
 }
 
 WHERE = {
-    "train_out_empty": (["train", *TINY, "--out", ""], "out='' must be a non-empty path"),
-    "train_out_blank": (["train", *TINY, "--out", " "], "out=' ' must be a non-empty path"),
-    "rl_out_empty": (["rl", "run", "--task", "count", "--out", ""], "out='' must be a non-empty"),
-    "rl_out_blank": (["rl", "run", "--task", "count", "--out", " "], "out=' ' must be a non-empty"),
+    "train_out_empty": (["train", *TINY, "--out", ""], "--out '' must be a non-empty path"),
+    "train_out_blank": (["train", *TINY, "--out", " "], "--out ' ' must be a non-empty path"),
+    "rl_out_empty": (["rl", "run", "--task", "count", "--out", ""], "--out '' must be a non-empty"),
+    "rl_out_blank": (
+        ["rl", "run", "--task", "count", "--out", " "],
+        "--out ' ' must be a non-empty",
+    ),
     "rl_out_a_dataset": (
         ["rl", "run", "--task", "count", "--out", "dataset"],
         "--out dataset holds a prepared dataset (octlm prepare), not an RL run",

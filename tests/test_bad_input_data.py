@@ -147,10 +147,10 @@ TASK_SPECS = {
 
 # (the --eval-tasks value of `octlm train`; what the error line must say)
 TRAIN_EVAL_TASKS = {
-    "empty": ("", "eval_tasks='' must be a non-empty string"),
-    "only_comma": (",", "eval_tasks=',' names no task file"),
-    "count_zero": ("next_line:0", f"eval_tasks: N=0 in 'next_line:0' {COUNT}"),
-    "count_negative": ("next_line:-1", f"eval_tasks: N=-1 in 'next_line:-1' {COUNT}"),
+    "empty": ("", "--eval-tasks '' must be a non-empty string"),
+    "only_comma": (",", "--eval-tasks ',' names no task file"),
+    "count_zero": ("next_line:0", f"--eval-tasks: N=0 in 'next_line:0' {COUNT}"),
+    "count_negative": ("next_line:-1", f"--eval-tasks: N=-1 in 'next_line:-1' {COUNT}"),
 }
 
 

@@ -103,20 +103,20 @@ PROFILE = {
 }
 
 ROPE = {
-    "tiny": ("1e-30", "rope_base=1e-30 must be a number in [2, 1e+30]"),
-    "denormal": ("1e-320", "rope_base=1e-320 must be a number in [2, 1e+30]"),
-    "below_one": ("0.5", "rope_base=0.5 must be a number in [2, 1e+30]"),
-    "one": ("1", "rope_base=1.0 must be a number in [2, 1e+30]"),
+    "tiny": ("1e-30", "--rope-base 1e-30 must be a number in [2, 1e+30]"),
+    "denormal": ("1e-320", "--rope-base 1e-320 must be a number in [2, 1e+30]"),
+    "below_one": ("0.5", "--rope-base 0.5 must be a number in [2, 1e+30]"),
+    "one": ("1", "--rope-base 1.0 must be a number in [2, 1e+30]"),
     "near_one": ("1.0001", "RoPE's frequencies base^(-2i/d) must fall"),
-    "past_float32": ("1e31", "rope_base=1e+31 must be a number in [2, 1e+30]"),
-    "zero": ("0", "rope_base=0.0 must be a finite number > 0"),
+    "past_float32": ("1e31", "--rope-base 1e+31 must be a number in [2, 1e+30]"),
+    "zero": ("0", "--rope-base 0.0 must be a finite number > 0"),
 }
 
 LONG_VALUES = {
     "merge_weights": ([*MERGE, "--weights", LONG, "-o", "m"], "--weights 'xxxx"),
     "merge_out_long": ([*MERGE, "-o", "tok.json/" + LONG], "File name too long"),
     "merge_run": (["merge", "r" * 16_000, "--last", "2", "-o", "m"], "'rrrr"),
-    "profile_steps": (["train", *TINY, "--profile-steps", "9" * 16_000], "profile_steps '9999"),
+    "profile_steps": (["train", *TINY, "--profile-steps", "9" * 16_000], "--profile-steps '9999"),
     "plot_suffix": (["plot", "run", "-o", "p." + LONG], "File name too long: 'p.xxxx"),
     "plot_long_suffix": (["plot", "run", "-o", "p." + "x" * 200], "ends in '.xxxx"),
     "report_long": (["report", "run", "-o", "tok.json/" + LONG], "File name too long"),

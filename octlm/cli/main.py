@@ -15,7 +15,7 @@ from typing import Any
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
 from octlm.cli.data import add_data_commands
-from octlm.cli.flags import add_config_flags, given_values
+from octlm.cli.flags import add_config_flags, given_values, named_as_typed
 from octlm.cli.model import add_model_commands, run_parser
 from octlm.cli.rl import add_rl_command, run_rl
 from octlm.cli.serve import add_serve_command
@@ -68,7 +68,8 @@ def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return make_config(args.config, **_overrides(args))
+    with named_as_typed(args, config_keys()):
+        return make_config(args.config, **_overrides(args))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -149,7 +150,8 @@ def _rl_settings_only(args: argparse.Namespace) -> RLConfig:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from octlm.trainer.init_from import check_preset
 
-    base, table = base_from(args.config, _overrides(args, skip=("out",)))
+    with named_as_typed(args, config_keys()):
+        base, table = base_from(args.config, _overrides(args, skip=("out",)))
     check_preset(base, args.model)  # its runs see the preset in their config file: it yields
     if base.evaluation.eval_tasks:  # a bad task file: one line, before the sweep's folder
         from octlm.evaluate.protocol import read_tasks

@@ -7,9 +7,11 @@ import argparse
 import contextlib
 import importlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from octlm.cli.flags import named_as_typed
 from octlm.config import checks
 from octlm.config.run import DTYPES
 from octlm.data.shards import SPLITS
@@ -212,7 +214,8 @@ def _generative(args: argparse.Namespace) -> Any:
             return None
         task = get_task(spec)
         sampling = {n: getattr(args, n) for n in SAMPLING}
-        settings = RLConfig(source=args.run, task=task.name, **sampling)
+        with named_as_typed(args, SAMPLING):
+            settings = RLConfig(source=args.run, task=task.name, **sampling)
         return heldout_task(task, settings)
 
     return resolve
@@ -277,7 +280,7 @@ def model_device(model: Any) -> Any:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from octlm.generation.prompts import check_text, read_prompts
-    from octlm.generation.sampling import check_sampling, generate_texts
+    from octlm.generation.sampling import check_sampling, generate_texts, long_prompt_notes
     from octlm.generation.trained import load_model, run_tokenizer
 
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
@@ -288,6 +291,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts)
     model, info = load_model(args.run, device=args.device)
     tokenizer, n = run_tokenizer(info, args.data), args.max_new_tokens
+    for note in long_prompt_notes(tokenizer, prompts, model.config.context):
+        print(note, file=sys.stderr)
     texts = generate_texts(model, tokenizer, prompts, max_new_tokens=n, **sampling)
     if args.prompts is None:
         print(texts[0])

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from octlm.cli.flags import add_config_flags, given_values
+from octlm.cli.flags import add_config_flags, given_values, named_as_typed
 from octlm.config.files import make_rl_config, rl_field_docs, sectioned_toml
 from octlm.config.rl import KEY_ORDER, NO_OUT, SECTIONS, RLConfig
 from octlm.errors import OctlmError
@@ -50,7 +50,8 @@ def add_rl_command(sub: Any, handler: Callable[[argparse.Namespace], int]) -> No
 
 def rl_config_from_args(args: argparse.Namespace) -> RLConfig:
     """The flags over the --config file's keys, checked (one line each)."""
-    return make_rl_config(args.config, **given_values(args, KEY_ORDER))
+    with named_as_typed(args, KEY_ORDER):
+        return make_rl_config(args.config, **given_values(args, KEY_ORDER))
 
 
 def run_rl(args: argparse.Namespace, entry: Callable[[], Any]) -> int:

@@ -307,3 +307,19 @@ def generate_texts(
         batch = ids[at : at + BATCH]
         new += generate_batch(model, batch, max_new_tokens, stop_id=tokenizer.eos_id, **sampling)
     return [p + tokenizer.decode(n) for p, n in zip(prompts, new, strict=True)]
+
+
+def long_prompt_notes(tokenizer: Tokenizer, prompts: list[str], context: int) -> list[str]:
+    """A note for each prompt that alone fills the model's context: the model then sees only
+    the last `context` tokens of it (the window slides), whatever --max-new-tokens says."""
+    start = tokenizer.start_ids or [tokenizer.eos_id]
+    notes = []
+    for number, prompt in enumerate(prompts, 1):
+        length = len(start) + len(tokenizer.encode(prompt, add_special_tokens=False))
+        if length >= context:
+            which = "the prompt" if len(prompts) == 1 else f"prompt {number}"
+            notes.append(
+                f"note: {which} is {length:,} tokens, which alone fills the model's context of "
+                f"{context}: the model sees its last {context} tokens"
+            )
+    return notes

@@ -293,7 +293,7 @@ def _pickles(tmp: Path, name: str) -> Path:
 
 SOURCE_CASES = {
     "missing": "does not exist; name an octlm run folder or checkpoint, or a LlamaForCausalLM",
-    "empty-string": "init_from='' must be a non-empty path",
+    "empty-string": "--init-from '' must be a non-empty path",
     "text-file": "text.txt is not a readable checkpoint",
     "corrupt-safetensors": "corrupt.safetensors is not a readable checkpoint",
     "empty-folder": "holds no checkpoints/ (an octlm run) and no config.json",

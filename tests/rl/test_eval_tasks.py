@@ -72,8 +72,8 @@ def test_a_spec_mixing_kinds_scores_each_as_alone(source) -> None:
          "addition:1"),
         (("--task-prompts", "8"), "--task-prompts was replaced by --eval-prompts: octlm eval RUN "
          "--eval-prompts 8"),
-        (("--tasks", "addition:1", "--pass-k", "0"), "pass_k=0 must be"),
-        (("--tasks", "addition:1", "--top-k", "0"), "top_k=0 must be"),
+        (("--tasks", "addition:1", "--pass-k", "0"), "--pass-k 0 must be"),
+        (("--tasks", "addition:1", "--top-k", "0"), "--top-k 0 must be"),
         (("--tasks", "addition:40"), "from 1 to 15"),
     ],
 )  # fmt: skip

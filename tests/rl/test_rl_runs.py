@@ -136,11 +136,11 @@ def folder_digest(folder: Path) -> dict[str, str]:
     ("extra", "message"),
     [
         (("--task", "nope"), "unknown task"),
-        (("--samples", "0"), "samples=0 must be an integer from 1"),
-        (("--prompts", "0"), "prompts=0 must be an integer from 1"),
+        (("--samples", "0"), "--samples 0 must be an integer from 1"),
+        (("--prompts", "0"), "--prompts 0 must be an integer from 1"),
         (("--max-new-tokens", "500"), "runs past the model's context of 64"),
         (("--nproc", "3"), "3 processes cannot share 4 prompts"),
-        (("--temperature", "nan"), "temperature=nan must be a number in (0, 100]"),
+        (("--temperature", "nan"), "--temperature nan must be a number in (0, 100]"),
     ],
 )
 def test_bad_settings_are_one_line_and_write_nothing(source, tmp_path, extra, message) -> None:

@@ -115,7 +115,7 @@ def test_the_seed_past_json_is_refused_by_rl_as_by_train(tmp_path):
     for proc in (train, rl):
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
-    assert "seed=9007199254740992 must be an integer from 0 to 2**53 - 1" in rl.stderr
+    assert "--seed 9007199254740992 must be an integer from 0 to 2**53 - 1" in rl.stderr
     assert rl.stderr.split("error: ")[1] == train.stderr.split("error: ")[1]
     assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
 
