@@ -96,6 +96,8 @@ class Scheduler:
         self.logits: Tensor | None = None  # (rows, V) float32: each row's next token
         self.widest = 0  # the most rows one forward pass decoded (shown by /health)
         self.forwards = 0
+        self.generated = 0  # tokens made since the start, as `usage` counts them (shown by /health)
+        self.cancelled = 0  # rows dropped before their end: a stop string, a client gone, ...
         self.wake = threading.Condition()
         self.closed = False
         self.thread = threading.Thread(target=self.run, name="octlm-serve-batch", daemon=True)
@@ -117,7 +119,8 @@ class Scheduler:
             self.wake.notify()
 
     def load(self) -> dict[str, int]:
-        return {"running": len(self.rows), "waiting": len(self.waiting), "widest": self.widest}
+        return {"running": len(self.rows), "waiting": len(self.waiting), "widest": self.widest,
+                "generated": self.generated, "cancelled": self.cancelled}  # fmt: skip
 
     def run(self) -> None:
         while True:
@@ -150,6 +153,7 @@ class Scheduler:
         for b, row in enumerate(self.rows):
             if row.cancelled.is_set():
                 done.append(b)
+                self.cancelled += 1
                 continue
             token = self.sample(row, self.logits[b : b + 1])
             row.made += 1
@@ -157,6 +161,7 @@ class Scheduler:
                 row.emit(End("stop"))
             else:
                 row.emit(token)
+                self.generated += 1
                 if row.made >= row.max_tokens:
                     row.emit(End("length"))
             if token.id == row.stop_id or row.made >= row.max_tokens:
@@ -207,6 +212,7 @@ class Scheduler:
         """Move the waiting rows that fit into the batch, first come first served."""
         with self.wake:
             waiting = [r for r in self.waiting if not r.cancelled.is_set()]
+            self.cancelled += len(self.waiting) - len(waiting)
             if not self.rows and waiting:  # a new batch starts at its longest prompt
                 longest = max(waiting[: self.max_batch], key=lambda r: len(r.prompt))
                 waiting.remove(longest)
