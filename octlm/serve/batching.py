@@ -224,8 +224,8 @@ class Scheduler:
                 else:
                     left.append(row)
             self.waiting = left
-        for row in admitted:
-            self.join(row)
+        if admitted:
+            self.join(admitted)
 
     def fits(self, row: Row, admitted: list[Row]) -> bool:
         if not self.rows and not admitted:
@@ -233,23 +233,36 @@ class Scheduler:
         length = self.cache.length if self.cache is not None else len(admitted[0].prompt)
         return len(row.prompt) <= length and length + row.max_tokens <= self.context
 
-    def join(self, row: Row) -> None:
-        """Prefill `row`'s prompt alone, then add it to the batch as a left-padded row."""
+    def join(self, rows: list[Row]) -> None:
+        """Prefill each row's prompt alone, then add the rows to the batch, left-padded to its
+        length: one concatenation per layer for them all (one per row copied the whole cache
+        once per newcomer, which cost seconds when 32 requests came at once)."""
+        prefilled = [(row, *self.prefill(row)) for row in rows]
+        if self.cache is None:  # a new batch, at its first row's length
+            row, alone, logits = prefilled.pop(0)
+            self.cache, self.logits, self.rows, self.pads = alone, logits, [row], [0]
+        if not prefilled:
+            return
+        assert self.logits is not None
+        length = self.cache.length
+        for _, alone, _ in prefilled:  # right-align each row's n positions to the batch's
+            n = alone.length
+            for t in (*alone.keys, *alone.values):
+                t[:, :, length - n : length] = t[:, :, :n].clone()
+                t[:, :, : length - n] = 0
+        caches = [alone for _, alone, _ in prefilled]
+        for layer in range(len(self.cache.keys)):
+            keys, values = self.cache.keys[layer], self.cache.values[layer]
+            self.cache.keys[layer] = torch.cat([keys, *(c.keys[layer] for c in caches)])
+            self.cache.values[layer] = torch.cat([values, *(c.values[layer] for c in caches)])
+        self.logits = torch.cat([self.logits, *(logits for _, _, logits in prefilled)])
+        self.rows += [row for row, _, _ in prefilled]
+        self.pads += [length - c.length for c in caches]
+
+    def prefill(self, row: Row) -> tuple[KVCache, Tensor]:
+        """`row`'s prompt alone in a cache of one row (`octlm generate`'s computation): the
+        cache and the first token's float32 logits; its generator seeded."""
         row.generator = torch.Generator(device=self.device).manual_seed(row.seed)
         alone = KVCache(self.model, 1)
         ids = torch.tensor([row.prompt], dtype=torch.long, device=self.device)
-        logits = forward_cached(self.model, ids, alone)[:, -1, :].float()
-        if self.cache is None:
-            self.cache, self.logits, self.rows, self.pads = alone, logits, [row], [0]
-            return
-        assert self.logits is not None
-        length, n = self.cache.length, len(row.prompt)
-        for layer, (keys, values) in enumerate(zip(alone.keys, alone.values, strict=True)):
-            k, v = torch.zeros_like(keys), torch.zeros_like(values)
-            k[:, :, length - n : length] = keys[:, :, :n]
-            v[:, :, length - n : length] = values[:, :, :n]
-            self.cache.keys[layer] = torch.cat([self.cache.keys[layer], k])
-            self.cache.values[layer] = torch.cat([self.cache.values[layer], v])
-        self.logits = torch.cat([self.logits, logits])
-        self.rows.append(row)
-        self.pads.append(length - n)
+        return alone, forward_cached(self.model, ids, alone)[:, -1, :].float()

@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import octlm
-from tests.serve.helpers import request, serving
+from tests.serve.helpers import request, serving, tiny_run
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 pytestmark = pytest.mark.slow
@@ -23,11 +22,7 @@ BODY = {"prompt": "To be", "max_tokens": MAX_TOKENS, "n": N, "seed": 3, "tempera
 
 @pytest.fixture(scope="module")
 def url(tiny_dataset, tmp_path_factory) -> str:
-    run = tmp_path_factory.mktemp("serve-disconnect") / "run"
-    octlm("train", "--model", "tiny", "--data", str(tiny_dataset), "--out", str(run),
-          "--steps", "1", "--warmup", "0", "--context", "256", "--micro-batch", "1", "--accum", "1",
-          "--val-every", "0", "--dtype", "fp32", "--no-progress")  # fmt: skip
-    with serving(run) as base:
+    with serving(tiny_run(tiny_dataset, tmp_path_factory)) as base:
         yield base
 
 
