@@ -41,7 +41,7 @@ from octlm.serve.replies import Choice, chunk, head, usage, whole
 from octlm.tokenizer.core import Tokenizer
 
 PAGE = Path(__file__).with_name("page.html")
-DISCONNECT_CHECK = 0.25
+DISCONNECT_CHECK = 0.05
 """Seconds between two looks at whether a whole (not streamed) reply's client has gone, while
 its tokens come: one that has gone cancels its rows."""
 

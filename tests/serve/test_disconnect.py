@@ -16,7 +16,7 @@ from tests.serve.helpers import request, serving, tiny_run
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 pytestmark = pytest.mark.slow
-N, MAX_TOKENS = 8, 240
+N, MAX_TOKENS = 16, 240
 BODY = {"prompt": "To be", "max_tokens": MAX_TOKENS, "n": N, "seed": 3, "temperature": 1.0}
 
 
@@ -89,5 +89,5 @@ def test_a_client_that_goes_away_stops_its_generation(url: str) -> None:
         made, cancelled, _ = counted(url, leave)
         # every row that would run to max_tokens is cancelled, and maybe some that end early
         assert full <= cancelled <= N, leave.__name__
-        assert made < reply_tokens // 4, (leave.__name__, made, reply_tokens)
+        assert made < reply_tokens // 3, (leave.__name__, made, reply_tokens)
     assert request(url, "GET", "/health")[1]["status"] == "ok"
