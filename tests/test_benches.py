@@ -190,3 +190,19 @@ def test_the_task_share_bench_runs_in_a_quick_mode(tiny_dataset, tmp_path, capsy
     out = capsys.readouterr().out
     assert "tiny: 14 tasks, 14 items (core-lite:1)" in out and "round 0: step " in out
     assert "| 200 steps, tasks every 100 | 200 | 2 |" in out and "least interval" in out
+
+
+@pytest.mark.slow
+def test_the_serve_throughput_bench_runs_in_a_quick_mode(capsys) -> None:
+    """bench/serve_throughput.py on the micro model, 3 new tokens, one round: the server in its
+    child process, the clients over HTTP, transformers beside it; the table and the ratios."""
+    pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    from bench.serve_throughput import main
+
+    main(["--preset", "micro", "--new", "3", "--prompt-len", "4", "--rounds", "1",
+          "--sequential", "2", "--clients", "2", "--hf-batch", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "same greedy tokens in octlm and transformers: True" in out
+    assert "| octlm, 2 concurrent clients |" in out and "| transformers generate, batch 1 |" in out
+    assert "octlm (one at a time) / transformers (batch 1): " in out

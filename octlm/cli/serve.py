@@ -60,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     chat = "chat_template" in manifest
     if chat:
         check_template_version(manifest["chat_template"].get("version"), f"{args.run}'s dataset")
-    name = args.name or Path(args.run).resolve().name
+    name = args.name or Path(os.path.abspath(args.run)).name  # a link by its own name
     scheduler = Scheduler(model, max_batch=args.max_batch)
     served = Served(name, run_tokenizer(info, args.data), scheduler, chat, args.api_key,
                     args.timeout, args.max_body)  # fmt: skip

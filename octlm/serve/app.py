@@ -41,6 +41,9 @@ from octlm.serve.replies import Choice, chunk, head, usage, whole
 from octlm.tokenizer.core import Tokenizer
 
 PAGE = Path(__file__).with_name("page.html")
+DISCONNECT_CHECK = 0.05
+"""Seconds between two looks at whether a whole (not streamed) reply's client has gone, while
+its tokens come: one that has gone cancels its rows."""
 
 
 @dataclass
@@ -191,6 +194,7 @@ class Job:
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.events: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.deadline = loop.time() + served.timeout
+        self.look = loop.time() + DISCONNECT_CHECK  # when to next ask if the client is gone
         self.rows, self.choices = [], []
         s = sampling
         for p, prompt in enumerate(prompts):
@@ -221,15 +225,18 @@ class Job:
     async def next_event(self, request: Request | None) -> tuple[Choice, str]:
         """The next event's choice and its new text; an ApiError past the time limit."""
         while True:
-            left = self.deadline - self.loop.time()
+            now = self.loop.time()
+            left = self.deadline - now
             if left <= 0:
                 limit = f"the request ran past the time limit of {self.served.timeout:g} s"
                 raise ApiError(504, limit, None, "timeout", "timeout_error")
+            if request is not None and now >= self.look:  # (a stream: Starlette watches it)
+                self.look = now + DISCONNECT_CHECK
+                if await request.is_disconnected():
+                    raise asyncio.CancelledError
             try:
-                k, event = await asyncio.wait_for(self.events.get(), min(left, 1.0))
+                k, event = await asyncio.wait_for(self.events.get(), min(left, DISCONNECT_CHECK))
             except TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    raise asyncio.CancelledError from None
                 continue
             choice = self.choices[k]
             text = choice.feed(event)

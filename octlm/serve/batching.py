@@ -96,6 +96,8 @@ class Scheduler:
         self.logits: Tensor | None = None  # (rows, V) float32: each row's next token
         self.widest = 0  # the most rows one forward pass decoded (shown by /health)
         self.forwards = 0
+        self.generated = 0  # tokens made since the start, as `usage` counts them (shown by /health)
+        self.cancelled = 0  # rows dropped before their end: a stop string, a client gone, ...
         self.wake = threading.Condition()
         self.closed = False
         self.thread = threading.Thread(target=self.run, name="octlm-serve-batch", daemon=True)
@@ -117,7 +119,8 @@ class Scheduler:
             self.wake.notify()
 
     def load(self) -> dict[str, int]:
-        return {"running": len(self.rows), "waiting": len(self.waiting), "widest": self.widest}
+        return {"running": len(self.rows), "waiting": len(self.waiting), "widest": self.widest,
+                "generated": self.generated, "cancelled": self.cancelled}  # fmt: skip
 
     def run(self) -> None:
         while True:
@@ -150,6 +153,7 @@ class Scheduler:
         for b, row in enumerate(self.rows):
             if row.cancelled.is_set():
                 done.append(b)
+                self.cancelled += 1
                 continue
             token = self.sample(row, self.logits[b : b + 1])
             row.made += 1
@@ -157,6 +161,7 @@ class Scheduler:
                 row.emit(End("stop"))
             else:
                 row.emit(token)
+                self.generated += 1
                 if row.made >= row.max_tokens:
                     row.emit(End("length"))
             if token.id == row.stop_id or row.made >= row.max_tokens:
@@ -207,6 +212,7 @@ class Scheduler:
         """Move the waiting rows that fit into the batch, first come first served."""
         with self.wake:
             waiting = [r for r in self.waiting if not r.cancelled.is_set()]
+            self.cancelled += len(self.waiting) - len(waiting)
             if not self.rows and waiting:  # a new batch starts at its longest prompt
                 longest = max(waiting[: self.max_batch], key=lambda r: len(r.prompt))
                 waiting.remove(longest)
@@ -218,8 +224,8 @@ class Scheduler:
                 else:
                     left.append(row)
             self.waiting = left
-        for row in admitted:
-            self.join(row)
+        if admitted:
+            self.join(admitted)
 
     def fits(self, row: Row, admitted: list[Row]) -> bool:
         if not self.rows and not admitted:
@@ -227,23 +233,36 @@ class Scheduler:
         length = self.cache.length if self.cache is not None else len(admitted[0].prompt)
         return len(row.prompt) <= length and length + row.max_tokens <= self.context
 
-    def join(self, row: Row) -> None:
-        """Prefill `row`'s prompt alone, then add it to the batch as a left-padded row."""
+    def join(self, rows: list[Row]) -> None:
+        """Prefill each row's prompt alone, then add the rows to the batch, left-padded to its
+        length: one concatenation per layer for them all (one per row copied the whole cache
+        once per newcomer, which cost seconds when 32 requests came at once)."""
+        prefilled = [(row, *self.prefill(row)) for row in rows]
+        if self.cache is None:  # a new batch, at its first row's length
+            row, alone, logits = prefilled.pop(0)
+            self.cache, self.logits, self.rows, self.pads = alone, logits, [row], [0]
+        if not prefilled:
+            return
+        assert self.logits is not None
+        length = self.cache.length
+        for _, alone, _ in prefilled:  # right-align each row's n positions to the batch's
+            n = alone.length
+            for t in (*alone.keys, *alone.values):
+                t[:, :, length - n : length] = t[:, :, :n].clone()
+                t[:, :, : length - n] = 0
+        caches = [alone for _, alone, _ in prefilled]
+        for layer in range(len(self.cache.keys)):
+            keys, values = self.cache.keys[layer], self.cache.values[layer]
+            self.cache.keys[layer] = torch.cat([keys, *(c.keys[layer] for c in caches)])
+            self.cache.values[layer] = torch.cat([values, *(c.values[layer] for c in caches)])
+        self.logits = torch.cat([self.logits, *(logits for _, _, logits in prefilled)])
+        self.rows += [row for row, _, _ in prefilled]
+        self.pads += [length - c.length for c in caches]
+
+    def prefill(self, row: Row) -> tuple[KVCache, Tensor]:
+        """`row`'s prompt alone in a cache of one row (`octlm generate`'s computation): the
+        cache and the first token's float32 logits; its generator seeded."""
         row.generator = torch.Generator(device=self.device).manual_seed(row.seed)
         alone = KVCache(self.model, 1)
         ids = torch.tensor([row.prompt], dtype=torch.long, device=self.device)
-        logits = forward_cached(self.model, ids, alone)[:, -1, :].float()
-        if self.cache is None:
-            self.cache, self.logits, self.rows, self.pads = alone, logits, [row], [0]
-            return
-        assert self.logits is not None
-        length, n = self.cache.length, len(row.prompt)
-        for layer, (keys, values) in enumerate(zip(alone.keys, alone.values, strict=True)):
-            k, v = torch.zeros_like(keys), torch.zeros_like(values)
-            k[:, :, length - n : length] = keys[:, :, :n]
-            v[:, :, length - n : length] = values[:, :, :n]
-            self.cache.keys[layer] = torch.cat([self.cache.keys[layer], k])
-            self.cache.values[layer] = torch.cat([self.cache.values[layer], v])
-        self.logits = torch.cat([self.logits, logits])
-        self.rows.append(row)
-        self.pads.append(length - n)
+        return alone, forward_cached(self.model, ids, alone)[:, -1, :].float()

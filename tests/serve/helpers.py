@@ -80,3 +80,17 @@ def request(
         return response.status, json.loads(response.read() or b"null")
     finally:
         connection.close()
+
+
+def tiny_run(tiny_dataset: Path, tmp_path_factory) -> Path:
+    """The tiny model after one step at context 256 (replies of hundreds of tokens fit, and
+    rarely end early), trained once per session. Read-only."""
+    from tests.e2e.helpers import octlm
+    from tests.shared import shared
+
+    def build(root: Path) -> None:
+        octlm("train", "--model", "tiny", "--data", str(tiny_dataset), "--out", str(root / "run"),
+              "--steps", "1", "--warmup", "0", "--context", "256", "--micro-batch", "1",
+              "--accum", "1", "--val-every", "0", "--dtype", "fp32", "--no-progress")  # fmt: skip
+
+    return shared(tmp_path_factory, "serve_tiny_run", build) / "run"

@@ -5,7 +5,6 @@ shape with the server still healthy after them, and a bounded load of concurrent
 
 from __future__ import annotations
 
-import http.client
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -142,22 +141,6 @@ def test_keys_unknown_fields_routes_and_health_after_the_bad_requests(url) -> No
     assert status == 404 and "error" in got
     status, health = request(url, "GET", "/health")
     assert status == 200 and health["status"] == "ok"
-
-
-def test_a_client_that_goes_away_ends_its_generation(url) -> None:
-    host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    body = {"prompt": "user\n1", "max_tokens": 40, "n": 16, "stream": True}
-    connection.request("POST", "/v1/completions", json.dumps(body),
-                       {"Authorization": f"Bearer {KEY}"})  # fmt: skip
-    response = connection.getresponse()
-    assert response.status == 200 and response.readline().startswith(b"data: ")
-    connection.close()
-    for _ in range(100):
-        health = request(url, "GET", "/health")[1]
-        if health["running"] == 0 and health["waiting"] == 0:
-            break
-    assert health["running"] == 0 and health["waiting"] == 0
 
 
 def test_concurrent_clients_are_batched_and_none_is_lost_or_mixed_up(url) -> None:
