@@ -33,6 +33,7 @@ The training forward (`GPT.forward`) is untouched: this path is for inference, a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -94,19 +95,20 @@ def product(x: Tensor, weights: tuple[Tensor, ...], packs: dict[int, Any]) -> Te
     joined weight, packed for MKL where `can_pack`, is kept in `packs` (an `ExactCache`'s, for
     its decode; else one forward's): the weights must not change while it lives. With autograd
     the weights are joined afresh (the same values), so the gradient reaches each."""
-    pack = can_pack(weights[0])
     held = packs.get(id(weights[0]))
-    if held is None:
+    if held is None:  # packed or not is decided here, once: `packs` lives in one autocast state
         joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
+        pack = can_pack(weights[0])
         mkl = torch.ops.mkl._mkl_reorder_linear_weight(joined.detach(), ROWS) if pack else None
         held = packs[id(weights[0])] = (joined, mkl)
     grad = torch.is_grad_enabled() and weights[0].requires_grad
     weight = torch.cat(weights) if grad and len(weights) > 1 else held[0]
-    if pack and grad:
-        return PackedProduct.apply(x, weight, held[1])
+    mkl = held[1]
+    if mkl is not None and grad:
+        return PackedProduct.apply(x, weight, mkl)
     tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step: one tile
-    if pack:  # the same kernel without autograd's bookkeeping
-        out = [torch.ops.mkl._mkl_linear(t, held[1], weight, None, ROWS) for t in tiles]
+    if mkl is not None:  # the same kernel without autograd's bookkeeping
+        out = [torch.ops.mkl._mkl_linear(t, mkl, weight, None, ROWS) for t in tiles]
     else:
         out = [F.linear(tile, weight) for tile in tiles]
     return out[0] if len(out) == 1 else torch.cat(out)
@@ -135,6 +137,20 @@ class ExactCache:
         """The weights packed for this decode (`product`): the model must not change during it."""
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What every layer of one `forward_exact` call shares: computed once per call (a decode
+    step of a small model is per-op overhead, so nothing here is redone per layer)."""
+
+    B: int
+    T: int
+    positions: Tensor  # (B, T)
+    cos: Tensor  # (B, 1, T, D)
+    sin: Tensor
+    masked: Tensor  # `future_keys`
+    rows: Tensor  # (B, 1): each row's index, for the cache writes
+
+
 def forward_exact(
     model: GPT,
     ids: Tensor,
@@ -152,23 +168,28 @@ def forward_exact(
     if start is None:
         start = torch.zeros(B, dtype=torch.long, device=device)
     positions = start.view(B, 1) + torch.arange(T, device=device)  # (B, T)
-    limit = model.config.context
-    if int(positions.max()) >= limit:
-        raise ValueError(f"positions up to {int(positions.max())} do not fit context {limit}")
+    limit, last = model.config.context, int(positions.max())
+    if last >= limit:
+        raise ValueError(f"positions up to {last} do not fit context {limit}")
     if cache is None and bool(start.any()):
         raise ValueError("without a cache every row starts at position 0")
     packs: dict[int, Any] = {} if cache is None else cache.packs
+    group = model.config.n_heads // model.config.n_kv_heads
+    layout = Layout(
+        B,
+        T,
+        positions,
+        model.rope.cos[positions].unsqueeze(1),
+        model.rope.sin[positions].unsqueeze(1),
+        future_keys(positions, group, last),
+        torch.arange(B, device=device).view(B, 1),
+    )
     n, padded = B * T, padded_rows(B * T)
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
-    cos = model.rope.cos[positions].unsqueeze(1)  # (B, 1, T, D)
-    sin = model.rope.sin[positions].unsqueeze(1)
-    masked = future_keys(positions, model.config.n_heads // model.config.n_kv_heads)
     first: Tensor | None = None
     for i, layer in enumerate(model.layers):
         x = layer.attention_norm(h)
-        attended, values = _attend(
-            layer.attention, x, B, T, cos, sin, positions, masked, cache, i, first, packs
-        )
+        attended, values = _attend(layer.attention, x, layout, cache, i, first, packs)
         if model.config.value_residual and first is None:
             first = values
         h = h + attended
@@ -177,7 +198,7 @@ def forward_exact(
         gate, up = y.chunk(2, dim=-1)
         h = h + tiled_linear(F.silu(gate) * up, ffn.w2.weight, packs)
     if at is not None:
-        h = h[:n].view(B, T, -1)[torch.arange(B, device=device), at]  # (B, C)
+        h = h[:n].view(B, T, -1)[layout.rows.view(B), at]  # (B, C)
         h, n, T = F.pad(h, (0, 0, 0, padded_rows(B) - B)), B, 1
     logits = tiled_linear(model.norm(h), model.tok_embeddings.weight, packs)
     if model.config.logit_softcap > 0:
@@ -189,19 +210,16 @@ def forward_exact(
 def _attend(
     attn: Attention,
     x: Tensor,
-    B: int,
-    T: int,
-    cos: Tensor,
-    sin: Tensor,
-    positions: Tensor,
-    masked: Tensor,
+    layout: Layout,
     cache: ExactCache | None,
     layer: int,
     first_values: Tensor | None,
     packs: dict[int, Any],
 ) -> tuple[Tensor, Tensor]:
     """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values."""
-    H, KV, D, n = attn.n_heads, attn.n_kv_heads, attn.head_dim, B * T
+    H, KV, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    B, T = layout.B, layout.T
+    n = B * T
     qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight), packs)[:n]
     q, k, v = qkv.split((H * D, KV * D, KV * D), dim=-1)
     q = q.reshape(B, T, H, D).transpose(1, 2)
@@ -211,31 +229,38 @@ def _attend(
         q, k = attn.q_norm(q), attn.k_norm(k)
     if first_values is not None:
         v = 0.5 * (v + first_values)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    width = masked.shape[3] * KEYS
+    q, k = apply_rope(q, layout.cos, layout.sin), apply_rope(k, layout.cos, layout.sin)
+    width = layout.masked.shape[3] * KEYS
     if cache is None:  # positions are 0..T-1
         keys = F.pad(k, (0, 0, 0, width - T))
         values = F.pad(v, (0, 0, 0, width - T))
     else:
-        rows = torch.arange(B, device=x.device).view(B, 1)
-        cache.keys[layer][rows, :, positions] = k.transpose(1, 2).to(cache.keys[layer].dtype)
-        cache.values[layer][rows, :, positions] = v.transpose(1, 2).to(cache.values[layer].dtype)
-        keys, values = cache.keys[layer][:, :, :width], cache.values[layer][:, :, :width]
-    y = attention(q, keys, values, masked)  # (B, H, T, D)
+        held_k, held_v = cache.keys[layer], cache.values[layer]
+        held_k[layout.rows, :, layout.positions] = k.transpose(1, 2).to(held_k.dtype)
+        held_v[layout.rows, :, layout.positions] = v.transpose(1, 2).to(held_v.dtype)
+        keys, values = held_k[:, :, :width], held_v[:, :, :width]
+    y = attention(q, keys, values, layout.masked)  # (B, H, T, D) float32
     y = y.to(x.dtype).transpose(1, 2).reshape(n, H * D)
-    return tiled_linear(F.pad(y, (0, 0, 0, x.shape[0] - n)), attn.wo.weight, packs), v
+    if x.shape[0] > n:
+        y = F.pad(y, (0, 0, 0, x.shape[0] - n))
+    return tiled_linear(y, attn.wo.weight, packs), v
 
 
-def future_keys(positions: Tensor, group: int) -> Tensor:
+def future_keys(positions: Tensor, group: int, last: int) -> Tensor:
     """True where a query row may not read a key: (B, 1, nq, nk, QUERIES, KEYS) over the query
-    tiles of `group` heads x the positions (B, T), and the key tiles up to the last position.
-    A padding row sits at position 0: it reads key 0 only (never NaN), and nothing reads it."""
+    tiles of `group` heads x the positions (B, T), and the key tiles up to `last`, the largest
+    position. A padding row sits at position 0: it reads key 0 only (never NaN), and nothing
+    reads it."""
     B, T = positions.shape
     rows = group * T
-    nq, nk = -(-rows // QUERIES), -(-(int(positions.max()) + 1) // KEYS)
+    nq, nk = -(-rows // QUERIES), -(-(last + 1) // KEYS)
     qpos = F.pad(positions.repeat(1, group), (0, nq * QUERIES - rows))
     slot = torch.arange(nk * KEYS, device=positions.device).view(1, 1, 1, nk, 1, KEYS)
     return slot > qpos.view(B, 1, nq, 1, QUERIES, 1)
+
+
+def as_float(x: Tensor) -> Tensor:
+    return x if x.dtype == torch.float32 else x.float()
 
 
 def attention(q: Tensor, keys: Tensor, values: Tensor, masked: Tensor) -> Tensor:
@@ -246,20 +271,25 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, masked: Tensor) -> Tensor
     KV, W = keys.shape[1], keys.shape[2]
     rows = H // KV * T
     nq, nk = masked.shape[2], W // KEYS
-    q = F.pad(q.float().reshape(B, KV, rows, D), (0, 0, 0, nq * QUERIES - rows))
+    q = as_float(q).reshape(B, KV, rows, D)
+    if rows < nq * QUERIES:
+        q = F.pad(q, (0, 0, 0, nq * QUERIES - rows))
     q = q.view(B, KV, nq, 1, QUERIES, D)
-    kt = keys.float().view(B, KV, 1, nk, KEYS, D).transpose(-1, -2)
-    vt = values.float().view(B, KV, 1, nk, KEYS, D)
+    kt = as_float(keys).view(B, KV, 1, nk, KEYS, D).transpose(-1, -2)
+    vt = as_float(values).view(B, KV, 1, nk, KEYS, D)
     scale = 1.0 / math.sqrt(D)
     out = []
     for at in range(0, nq, QUERY_TILES):
         part = slice(at, at + QUERY_TILES)
-        scores = torch.matmul(q[:, :, part], kt) * scale  # (B, KV, nq', nk, QUERIES, KEYS)
-        scores = scores.masked_fill(masked[:, :, part], float("-inf"))
+        scores = torch.matmul(q if nq <= QUERY_TILES else q[:, :, part], kt) * scale
+        scores = scores.masked_fill(masked[:, :, part], float("-inf"))  # (.., nk, QUERIES, KEYS)
         top = scores.amax(dim=(3, 5), keepdim=True)
         weights = torch.exp(scores - top)
-        total = weights.sum(dim=-1).cumsum(dim=3)[:, :, :, -1]  # (B, KV, nq', QUERIES)
-        summed = torch.matmul(weights, vt).cumsum(dim=3)[:, :, :, -1]  # (.., QUERIES, D)
-        out.append(summed / total.unsqueeze(-1))
+        total, summed = weights.sum(dim=-1), torch.matmul(weights, vt)  # per key tile
+        if nk > 1:  # the key tiles added in key order (one tile: already its sum, same bits)
+            total, summed = total.cumsum(dim=3)[:, :, :, -1], summed.cumsum(dim=3)[:, :, :, -1]
+        else:
+            total, summed = total[:, :, :, 0], summed[:, :, :, 0]
+        out.append(summed / total.unsqueeze(-1))  # (B, KV, nq', QUERIES, D)
     y = out[0] if len(out) == 1 else torch.cat(out, dim=2)
     return y.view(B, KV, nq * QUERIES, D)[:, :, :rows].reshape(B, H, T, D)

@@ -2,25 +2,21 @@
 key/value cache, and admits waiting requests at step boundaries (continuous batching).
 
 Why this shape. A decoding step on a small model is bound by reading the weights, not by the
-rows: B rows cost little more than one, so N users should share each forward pass. The cache
-(`octlm.model.kvcache.KVCache`) holds one length for all its rows, and `forward_cached` already
-decodes left-padded rows each as it would be alone (`pad`: the padding is masked and RoPE does
-not count it). So a newcomer can join a running batch at a step boundary, without waiting for
-the batch to end: its prompt is prefilled alone, in a cache of one row (the exact computation
-`octlm generate` runs for it), and its keys and values are copied into a new row of the batch's
-cache, right-aligned to the batch's length L with L - P positions of padding. That needs its
-prompt to fit behind the batch (P <= L) and its reply to fit in front (L + max_tokens <= the
-context); a request that does not fit waits, first in line, for a later step or for the batch
-to empty, when the next batch starts at the longest waiting prompt. A row that ends (EOS, its
-max_tokens, a cancel: a stop string, a disconnect, the time limit) leaves the cache at once, so
-the batch is only ever the rows still decoding.
+rows: B rows cost little more than one, so N users should share each forward pass. The batch
+runs on the exact inference path (`octlm.model.exact`): its cache holds each row at its own
+positions (row b's position t at slot t, padded on the right), and a row's logits are the
+same bits whatever else is in the batch, wherever it sits and however long the others are.
+So a newcomer joins a running batch at any step boundary: the requests admitted together are
+prefilled in one forward pass (their prompts padded on the right; each row's first token gets
+the bits of its prompt alone), their cache rows appended to the batch's, and from then on every
+step decodes all rows at once, each at its own position. A request waits only while the batch
+is full (`max_batch`). A row that ends (EOS, its max_tokens, a cancel: a stop string, a
+disconnect, the time limit) leaves the cache at once, so the batch is only ever the rows still
+decoding.
 
 Every row samples from a generator of its own seeded with its request's seed, with its own
 temperature, top-k and top-p (`octlm.generation.sampling.choose`, the one `octlm generate` uses),
-so a seeded row draws what it draws alone. Its logits are computed alone for the first token
-and, while it is the only row without padding, for every token (`pad=None`, `generate`'s path);
-decoded beside others they are the batched forward's, equal to float rounding, not bit for bit,
-until the decode path is made invariant to the batch.
+so a seeded row draws, token for token and bit for bit, what `octlm generate` draws for it alone.
 
 The thread owns the model and the cache; request handlers talk to it only through `submit`
 and each row's `emit` callback (called on the thread) and `cancelled` flag (read at each step).
@@ -37,8 +33,8 @@ import torch
 from torch import Tensor
 
 from octlm.generation.sampling import choose
+from octlm.model.exact import ExactCache, forward_exact
 from octlm.model.gpt import GPT
-from octlm.model.kvcache import KVCache, forward_cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +72,8 @@ class Row:
     generator: torch.Generator | None = None
     made: int = 0
     last: int = 0
+    length: int = 0
+    """Positions the cache holds for this row (its prompt and the tokens fed back so far)."""
 
 
 class Busy(Exception):
@@ -91,8 +89,10 @@ class Scheduler:
         self.device = next(model.parameters()).device
         self.waiting: deque[Row] = deque()
         self.rows: list[Row] = []
-        self.pads: list[int] = []
-        self.cache: KVCache | None = None
+        self.cache: ExactCache | None = None
+        self.packs: dict[int, object] = {}
+        """The weights packed for the exact path, once for the server's life (`ExactCache.packs`:
+        the model never changes while it serves)."""
         self.logits: Tensor | None = None  # (rows, V) float32: each row's next token
         self.widest = 0  # the most rows one forward pass decoded (shown by /health)
         self.forwards = 0
@@ -139,7 +139,7 @@ class Scheduler:
                 self.reset()
 
     def reset(self) -> None:
-        self.rows, self.pads, self.cache, self.logits = [], [], None, None
+        self.rows, self.cache, self.logits = [], None, None
 
     @torch.no_grad()
     def step(self) -> None:
@@ -188,8 +188,10 @@ class Scheduler:
     def advance(self) -> None:
         assert self.cache is not None
         ids = torch.tensor([[row.last] for row in self.rows], device=self.device)
-        pad = torch.tensor(self.pads, device=self.device) if any(self.pads) else None
-        self.logits = forward_cached(self.model, ids, self.cache, pad=pad)[:, -1, :].float()
+        start = torch.tensor([row.length for row in self.rows], device=self.device)
+        self.logits = forward_exact(self.model, ids, self.cache, start)[:, -1, :].float()
+        for row in self.rows:
+            row.length += 1
         self.forwards += 1
         self.widest = max(self.widest, len(self.rows))
 
@@ -206,63 +208,38 @@ class Scheduler:
         self.cache.values = [v.index_select(0, index) for v in self.cache.values]
         self.logits = self.logits.index_select(0, index)
         self.rows = [self.rows[b] for b in keep]
-        self.pads = [self.pads[b] for b in keep]
 
     def admit(self) -> None:
-        """Move the waiting rows that fit into the batch, first come first served."""
+        """Move the waiting rows into the batch while it has room, first come first served (each
+        was checked to fit the context alone, which is all a row needs on the exact path)."""
         with self.wake:
             waiting = [r for r in self.waiting if not r.cancelled.is_set()]
             self.cancelled += len(self.waiting) - len(waiting)
-            if not self.rows and waiting:  # a new batch starts at its longest prompt
-                longest = max(waiting[: self.max_batch], key=lambda r: len(r.prompt))
-                waiting.remove(longest)
-                waiting.insert(0, longest)
-            admitted, left = [], deque()
-            for row in waiting:
-                if len(self.rows) + len(admitted) < self.max_batch and self.fits(row, admitted):
-                    admitted.append(row)
-                else:
-                    left.append(row)
-            self.waiting = left
+            room = max(self.max_batch - len(self.rows), 0)
+            admitted, self.waiting = waiting[:room], deque(waiting[room:])
         if admitted:
             self.join(admitted)
 
-    def fits(self, row: Row, admitted: list[Row]) -> bool:
-        if not self.rows and not admitted:
-            return True  # the request was checked to fit the context alone
-        length = self.cache.length if self.cache is not None else len(admitted[0].prompt)
-        return len(row.prompt) <= length and length + row.max_tokens <= self.context
-
     def join(self, rows: list[Row]) -> None:
-        """Prefill each row's prompt alone, then add the rows to the batch, left-padded to its
-        length: one concatenation per layer for them all (one per row copied the whole cache
-        once per newcomer, which cost seconds when 32 requests came at once)."""
-        prefilled = [(row, *self.prefill(row)) for row in rows]
-        if self.cache is None:  # a new batch, at its first row's length
-            row, alone, logits = prefilled.pop(0)
-            self.cache, self.logits, self.rows, self.pads = alone, logits, [row], [0]
-        if not prefilled:
+        """Prefill the newcomers' prompts in one forward pass, padded on the right (each row's
+        bits are its own), and append their cache rows and first logits to the batch's."""
+        for row in rows:
+            row.generator = torch.Generator(device=self.device).manual_seed(row.seed)
+            row.length = len(row.prompt)
+        width = max(row.length for row in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        for b, row in enumerate(rows):
+            ids[b, : row.length] = torch.tensor(row.prompt, device=self.device)
+        fresh = ExactCache(self.model, len(rows))
+        fresh.packs = self.packs
+        last = torch.tensor([row.length - 1 for row in rows], device=self.device)
+        logits = forward_exact(self.model, ids, fresh, at=last)[:, -1, :].float()
+        if self.cache is None:
+            self.cache, self.logits, self.rows = fresh, logits, list(rows)
             return
         assert self.logits is not None
-        length = self.cache.length
-        for _, alone, _ in prefilled:  # right-align each row's n positions to the batch's
-            n = alone.length
-            for t in (*alone.keys, *alone.values):
-                t[:, :, length - n : length] = t[:, :, :n].clone()
-                t[:, :, : length - n] = 0
-        caches = [alone for _, alone, _ in prefilled]
         for layer in range(len(self.cache.keys)):
-            keys, values = self.cache.keys[layer], self.cache.values[layer]
-            self.cache.keys[layer] = torch.cat([keys, *(c.keys[layer] for c in caches)])
-            self.cache.values[layer] = torch.cat([values, *(c.values[layer] for c in caches)])
-        self.logits = torch.cat([self.logits, *(logits for _, _, logits in prefilled)])
-        self.rows += [row for row, _, _ in prefilled]
-        self.pads += [length - c.length for c in caches]
-
-    def prefill(self, row: Row) -> tuple[KVCache, Tensor]:
-        """`row`'s prompt alone in a cache of one row (`octlm generate`'s computation): the
-        cache and the first token's float32 logits; its generator seeded."""
-        row.generator = torch.Generator(device=self.device).manual_seed(row.seed)
-        alone = KVCache(self.model, 1)
-        ids = torch.tensor([row.prompt], dtype=torch.long, device=self.device)
-        return alone, forward_cached(self.model, ids, alone)[:, -1, :].float()
+            self.cache.keys[layer] = torch.cat([self.cache.keys[layer], fresh.keys[layer]])
+            self.cache.values[layer] = torch.cat([self.cache.values[layer], fresh.values[layer]])
+        self.logits = torch.cat([self.logits, logits])
+        self.rows += rows

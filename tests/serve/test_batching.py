@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from octlm.generation.sampling import generate, nucleus
+from octlm.model.exact import forward_exact
 from octlm.model.gpt import GPT
 from octlm.serve.batching import End, Row, Scheduler, Token
 from tests.unit_model import unit_config
@@ -96,3 +97,30 @@ def test_top_p_keeps_the_likeliest_tokens_whose_mass_reaches_it() -> None:
     assert nucleus(probs, 0.7)[0].tolist() == [0.0, 0.5, probs[0, 2].item(), 0.0]
     assert int((nucleus(probs, 0.85) > 0).sum()) == 3  # 0.5 + 0.3 < 0.85: one of the 0.1s too
     assert nucleus(probs, 1e-9).tolist() == [[0.0, 0.5, 0.0, 0.0]]  # the first always stays
+
+
+def test_a_late_longer_prompt_joins_at_once_with_its_full_forward_bits(model) -> None:
+    """On the exact path a newcomer needs no room behind the batch: a prompt longer than the
+    running row's length joins at the next step, and every token's log-probability is the bit
+    its whole sequence's full forward alone gives (`forward_exact` without a cache)."""
+    events: queue.Queue = queue.Queue()
+    scheduler = Scheduler(model, max_batch=8)
+    first = make_rows([[1, 2]], events, max_tokens=30)
+    scheduler.start()
+    try:
+        scheduler.submit(first)
+        events.get(timeout=30)
+        prompt = list(range(3, 23))  # 20 tokens: past the first row's length when it joins
+        late = Row(prompt, 6, lambda e: events.put((1, e)), temperature=1.0, seed=5, logprobs=0)
+        scheduler.submit([late])
+        got = collect([first[0], late], events)
+    finally:
+        scheduler.close()
+    assert scheduler.widest == 2
+    drawn = [e for e in got[1] if isinstance(e, Token)]
+    assert [e.id for e in drawn] == generate(model, prompt, 6, temperature=1.0, seed=5)
+    sequence = torch.tensor([prompt + [e.id for e in drawn]])
+    with torch.no_grad():
+        full = torch.log_softmax(forward_exact(model, sequence)[0].float(), dim=-1)
+    for i, event in enumerate(drawn):
+        assert event.logprob == float(full[len(prompt) - 1 + i, event.id])
