@@ -49,3 +49,9 @@ class ResumeError(OctlmError):
 class RankError(OctlmError):
     """What one rank of a multi-process run alone hit (a file it cannot read): that rank prints
     it. An error every rank raises alike is printed by rank 0 only, not once per process."""
+
+
+class QuotedError(OctlmError):
+    """A refusal that quotes what is not a setting the user gave: another process's error line,
+    or run names made of settings (`lr=0.001-r0`). The command line shows it as written, not
+    with its settings renamed as the user typed them (`octlm.cli.flags.named_as_typed`)."""

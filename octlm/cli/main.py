@@ -15,7 +15,7 @@ from typing import Any
 # Modules that import torch are imported by the handlers that use them: `--help` stays quick.
 from octlm import __version__
 from octlm.cli.data import add_data_commands
-from octlm.cli.flags import add_config_flags, given_values, named_as_typed
+from octlm.cli.flags import add_config_flags, given_values, named_as_typed, setting_keys
 from octlm.cli.model import add_model_commands, run_parser
 from octlm.cli.rl import add_rl_command, run_rl
 from octlm.cli.serve import add_serve_command
@@ -68,8 +68,7 @@ def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainConfig:
-    with named_as_typed(args, config_keys()):
-        return make_config(args.config, **_overrides(args))
+    return make_config(args.config, **_overrides(args))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -150,8 +149,7 @@ def _rl_settings_only(args: argparse.Namespace) -> RLConfig:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from octlm.trainer.init_from import check_preset
 
-    with named_as_typed(args, config_keys()):
-        base, table = base_from(args.config, _overrides(args, skip=("out",)))
+    base, table = base_from(args.config, _overrides(args, skip=("out",)))
     check_preset(base, args.model)  # its runs see the preset in their config file: it yields
     if base.evaluation.eval_tasks:  # a bad task file: one line, before the sweep's folder
         from octlm.evaluate.protocol import read_tasks
@@ -250,7 +248,7 @@ def _add_train_commands(sub: Any) -> None:
     tr.add_argument("--requeue-exit-code", type=int, default=None, metavar="CODE", help=requeue)
     printed = "print the resolved settings (shape written out) as TOML for --config, and exit"
     tr.add_argument("--print-config", action="store_true", help=printed)
-    tr.set_defaults(handler=_cmd_train)
+    tr.set_defaults(handler=_cmd_train, settings="octlm train")
 
     vr = sub.add_parser("verify-resume", help="check exact resume: straight vs stopped+resumed")
     _add_train_flags(vr)
@@ -258,7 +256,7 @@ def _add_train_commands(sub: Any) -> None:
     vr.add_argument("--split", type=int, action="append", required=True, help=split)
     vr.add_argument("--keep", action="store_true", help="keep the temporary runs")
     vr.add_argument("--workdir", help="folder for the temporary runs (default: the system's)")
-    vr.set_defaults(handler=_cmd_verify_resume)
+    vr.set_defaults(handler=_cmd_verify_resume, settings="octlm train")
 
     sw = sub.add_parser("sweep", help="grid x repeats of training runs, resumable, summarised")
     _add_train_flags(sw)
@@ -269,7 +267,7 @@ def _add_train_commands(sub: Any) -> None:
     repeats = "runs per setting, repeat r with seed + r (default 1)"
     sw.add_argument("--repeats", type=int, default=None, help=repeats)
     sw.add_argument("--jobs", type=int, default=1, help="runs at a time")
-    sw.set_defaults(handler=_cmd_sweep)
+    sw.set_defaults(handler=_cmd_sweep, settings="octlm train")
 
 
 def _add_log_commands(sub: Any) -> None:
@@ -362,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        with named_as_typed(args, setting_keys(args)):  # a setting as the user gave it
+            return args.handler(args)
     except OctlmError as exc:
         if not isinstance(exc, RankError) and os.environ.get("RANK", "0") != "0":
             # An error every rank meets alike is rank 0's to print: wait for it to, and for

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from octlm.cli.flags import add_config_flags, given_values, named_as_typed
+from octlm.cli.flags import add_config_flags, given_values
 from octlm.config.files import make_rl_config, rl_field_docs, sectioned_toml
 from octlm.config.rl import KEY_ORDER, NO_OUT, SECTIONS, RLConfig
 from octlm.errors import OctlmError
@@ -45,13 +45,12 @@ def add_rl_command(sub: Any, handler: Callable[[argparse.Namespace], int]) -> No
     )
     rl.add_argument("--keep", action="store_true", help="with --verify-split: keep the runs")
     rl.add_argument("--workdir", help="with --verify-split: where the runs go (a temporary folder)")
-    rl.set_defaults(handler=handler)
+    rl.set_defaults(handler=handler, settings="octlm rl")
 
 
 def rl_config_from_args(args: argparse.Namespace) -> RLConfig:
     """The flags over the --config file's keys, checked (one line each)."""
-    with named_as_typed(args, KEY_ORDER):
-        return make_rl_config(args.config, **given_values(args, KEY_ORDER))
+    return make_rl_config(args.config, **given_values(args, KEY_ORDER))
 
 
 def run_rl(args: argparse.Namespace, entry: Callable[[], Any]) -> int:

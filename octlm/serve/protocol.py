@@ -78,6 +78,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # `[[[[...` thousands deep: Python's parser recurses per level
+        raise ApiError(400, "the body nests too deep to read", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     return body
@@ -87,7 +89,8 @@ def number(body: dict, name: str, default: float, low: float, high: float) -> fl
     value = body.get(name)
     if value is None:
         return default
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    ok = ok and (isinstance(value, int) or math.isfinite(value))  # 10**400 is no float
     if not ok or not low <= value <= high:
         raise ApiError(400, f"{name} must be a number from {low} to {high}", name)
     return float(value)
@@ -209,8 +212,19 @@ def completion_prompts(body: dict, tokenizer: Tokenizer) -> list[list[int]]:
         raise ApiError(400, "prompt must be a string or a non-empty list of strings", "prompt")
     if len(texts) > MAX_N:
         raise ApiError(400, f"prompt may list at most {MAX_N} strings", "prompt")
+    if not all(t.isascii() or unicode(t) for t in texts):  # JSON can escape half of a pair
+        raise ApiError(400, "prompt holds a lone surrogate, which is no text", "prompt")
     start = tokenizer.start_ids or [tokenizer.eos_id]
     return [[*start, *tokenizer.encode(t, add_special_tokens=False)] for t in texts]
+
+
+def unicode(text: str) -> bool:
+    """Whether `text` is Unicode text (no lone surrogate, which a tokenizer cannot read)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def chat_prompt(body: dict, tokenizer: Tokenizer) -> list[int]:

@@ -22,7 +22,7 @@ from typing import Any
 from octlm.config import checks
 from octlm.config.checks import shown_path
 from octlm.config.train import TrainConfig
-from octlm.errors import OctlmError
+from octlm.errors import OctlmError, QuotedError
 from octlm.runlog.reader import log_file, read_log
 from octlm.tools import subrun
 from octlm.tools.sweep_plan import RunSpec, fmt_value, plan_from
@@ -242,7 +242,7 @@ def run_sweep(
     if sweep.failures:
         names = sorted(sweep.failures)
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        raise OctlmError(
+        raise QuotedError(
             f"{len(names)} of {len(specs)} runs failed: {shown}",
             f"see their errors in {folder / 'summary.md'}; run the same command again to retry "
             "them (finished runs are skipped)",

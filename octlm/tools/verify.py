@@ -21,7 +21,7 @@ from typing import Any
 
 from octlm.config.rl import RLConfig
 from octlm.config.train import TrainConfig
-from octlm.errors import OctlmError
+from octlm.errors import OctlmError, QuotedError
 from octlm.hashing import weights_sha256
 from octlm.runlog.reader import LOG_NAME, read_log
 from octlm.tools import subrun
@@ -50,7 +50,7 @@ def _run(cfg: TrainConfig | RLConfig, config: Path, out: Path, *flags: str) -> N
     else:
         what, error = "training run", subrun.train(config, out, *flags)
     if error is not None:
-        raise OctlmError(f"{what} {out.name} failed: {error}", "fix the settings and rerun")
+        raise QuotedError(f"{what} {out.name} failed: {error}", "fix the settings and rerun")
 
 
 def rl_numbers(records: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:

@@ -261,11 +261,15 @@ def check_shape_keys(cfg: TrainConfig, shape: dict[str, Any]) -> None:
 
 
 def check_preset(cfg: TrainConfig, model_flag: str | None) -> None:
-    """`octlm sweep` and `verify-resume` with --init-from: their runs read a config file, whose
-    preset yields to the source, so a `--model` flag is checked here, against the source,
-    before any run starts (`octlm train` checks it in the run: `plan_init`)."""
-    if cfg.run.init_from is not None and model_flag is not None:
-        check_preset_shape(cfg, read_source(cfg.run.init_from).shape)
+    """`octlm sweep` and `verify-resume` with --init-from: the source is read here, before any
+    run starts (one that cannot be read is one line, not a failed run per setting, each naming
+    the config file the tool wrote). Their runs read that file, whose preset yields to the
+    source, so a `--model` flag is checked here too, against the source (`octlm train` checks
+    it in the run: `plan_init`)."""
+    if cfg.run.init_from is not None:
+        shape = read_source(cfg.run.init_from).shape
+        if model_flag is not None:
+            check_preset_shape(cfg, shape)
 
 
 def check_preset_shape(cfg: TrainConfig, shape: dict[str, Any]) -> None:

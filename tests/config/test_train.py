@@ -116,8 +116,8 @@ def test_hash_tensors_is_logging_and_must_be_a_bool(tmp_path: Path, capsys) -> N
     assert main(["train", "--config", str(tmp_path / "run.toml"), "--print-config"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "octlm: error: hash_tensors='yes' must be true or false; change it on the command line "
-        "or in --config"
+        "octlm: error: hash_tensors='yes' must be true or false (hash_tensors set in "
+        f"{tmp_path / 'run.toml'}); change it on the command line or in --config"
     ]
 
 

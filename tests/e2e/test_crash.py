@@ -149,7 +149,7 @@ def test_allow_config_change(tiny_dataset, tmp_path) -> None:
     out = tmp_path / "more"
     octlm(*train_args(tiny_dataset, out, "--stop-at", "4"))
     refused = octlm(*train_args(tiny_dataset, out, "--resume", "--steps", "10"), check=False)
-    assert refused.returncode == 1 and "steps: 8 -> 10" in refused.stderr
+    assert refused.returncode == 1 and "--steps 8 -> 10" in refused.stderr
     assert "--allow-config-change" in refused.stderr
     octlm(*train_args(tiny_dataset, out, "--resume", "--steps", "10", "--allow-config-change"))
     records = read_log(out)

@@ -407,7 +407,7 @@ def test_a_run_of_the_recipe_before_its_rope_base_is_refused_then_resumes_exactl
     before = files(run)
     proc = octlm(*train_args(tiny_dataset, run, "--resume", *flags), check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "rope_base" in proc.stderr and "another config fingerprint" in proc.stderr
+    assert "--rope-base" in proc.stderr and "another config fingerprint" in proc.stderr
     assert files(run) == before
     octlm(*train_args(tiny_dataset, run, "--resume", *old, "--rope-base", "10000"))
     assert_same_run(run, straight_run(*old))

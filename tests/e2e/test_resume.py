@@ -117,7 +117,7 @@ def test_resume_refuses_changed_trajectory(tiny_dataset, tmp_path) -> None:
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("octlm: error:")
-    assert "config fingerprint" in lines[0] and "lr: 0.003 -> 0.001" in lines[0]
+    assert "config fingerprint" in lines[0] and "--lr 0.003 -> 0.001" in lines[0]
     # Intervals are not part of the trajectory: changing them resumes fine.
     octlm(*train_args(tiny_dataset, out, "--resume", "--val-every", "4", "--ckpt-every", "3"))
 

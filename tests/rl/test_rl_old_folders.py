@@ -59,7 +59,7 @@ def test_an_old_rl_run_with_other_settings_is_refused_not_continued(old_runs, so
     proc = octlm(
         "rl", str(source), *RL, "--out", str(split), "--resume", "--seed", "1", check=False
     )
-    assert proc.returncode == 1 and "seed: 0 -> 1" in proc.stderr
+    assert proc.returncode == 1 and "--seed 0 -> 1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
