@@ -9,6 +9,7 @@ layout (tests/e2e/test_world_invariant.py has 4 processes, dropout, Muon and the
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import DIST_FLAGS, end_hash, octlm, steps_of
 from tests.e2e.helpers import DIST_STEPS as STEPS
 from tests.e2e.helpers import dist_args as args
+from tests.shared import shared
 
 pytestmark = pytest.mark.slow
 
@@ -129,17 +131,31 @@ def fsdp_straight(straight_run) -> Path:
     return straight_run(*DIST_FLAGS, *FSDP)
 
 
+@pytest.fixture(scope="module")
+def fsdp_stopped(tiny_dataset, tmp_path_factory) -> Path:
+    """The FSDP run stopped at step 3 (checkpoints at steps 2 and 3), trained once per session
+    for the tests that resume it. Read-only: resume a copy (`copy_of`)."""
+
+    def build(folder: Path) -> None:
+        octlm(*args(tiny_dataset, folder / "run", *FSDP, "--stop-at", "3"))
+
+    return shared(tmp_path_factory, "fsdp_stopped_3", build) / "run"
+
+
+def copy_of(run: Path, out: Path) -> Path:
+    shutil.copytree(run, out)
+    return out
+
+
 def test_fsdp2_split_equals_straight_and_reshards(
-    tiny_dataset, single, fsdp_straight, tmp_path
+    tiny_dataset, single, fsdp_straight, fsdp_stopped, tmp_path
 ) -> None:
-    split = tmp_path / "fsdp-split"
-    octlm(*args(tiny_dataset, split, *FSDP, "--stop-at", "3"))
+    split = copy_of(fsdp_stopped, tmp_path / "fsdp-split")
     octlm(*args(tiny_dataset, split, *FSDP, "--resume"))
     assert end_hash(split) == end_hash(fsdp_straight)
     assert steps_of(split) == steps_of(fsdp_straight)
     # Sharded on 2 ranks, checkpointed whole, resumed (resharded) by one process.
-    one = tmp_path / "fsdp-to-1"
-    octlm(*args(tiny_dataset, one, *FSDP, "--stop-at", "3"))
+    one = copy_of(fsdp_stopped, tmp_path / "fsdp-to-1")
     octlm(*args(tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume"))
     assert end_hash(one) == end_hash(fsdp_straight)
     assert steps_of(one) == steps_of(fsdp_straight)
@@ -153,13 +169,12 @@ def flip_a_byte(path: Path) -> None:
 
 
 def test_fsdp_ranks_fall_back_together_and_fail_in_one_line(
-    tiny_dataset, fsdp_straight, tmp_path
+    tiny_dataset, fsdp_straight, fsdp_stopped, tmp_path
 ) -> None:
     """Rank 0 alone reads the file and picks the checkpoint; a damaged newest one is skipped by
     every rank at once (the run still ends on the straight run's bits), and a folder with none
     intact ends every rank with one line, printed once."""
-    out = tmp_path / "run"
-    octlm(*args(tiny_dataset, out, *FSDP, "--stop-at", "3"))  # checkpoints at steps 2 and 3
+    out = copy_of(fsdp_stopped, tmp_path / "run")  # checkpoints at steps 2 and 3
     flip_a_byte(out / ckpt.CKPT_DIR / "step_000003.safetensors")
     proc = octlm(*args(tiny_dataset, out, *FSDP, "--resume"))
     assert "falling back to the previous checkpoint" in proc.stderr
