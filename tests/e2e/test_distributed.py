@@ -50,9 +50,24 @@ def ddp(two_process_run) -> Path:
     return two_process_run
 
 
-def test_ddp_split_equals_straight(tiny_dataset, ddp, tmp_path) -> None:
-    out = tmp_path / "split"
-    octlm(*args(tiny_dataset, out, "--accum", "1", "--nproc", "2", "--stop-at", "3"))
+@pytest.fixture(scope="module")
+def ddp_stopped(tiny_dataset, tmp_path_factory) -> Path:
+    """The 2-process DDP run (accumulation 1) stopped at step 3, trained once per session for
+    the tests that resume it. Read-only: resume a copy (`copy_of`)."""
+
+    def build(folder: Path) -> None:
+        octlm(*args(tiny_dataset, folder / "run", "--accum", "1", "--nproc", "2", "--stop-at", "3"))
+
+    return shared(tmp_path_factory, "ddp_stopped_3", build) / "run"
+
+
+def copy_of(run: Path, out: Path) -> Path:
+    shutil.copytree(run, out)
+    return out
+
+
+def test_ddp_split_equals_straight(tiny_dataset, ddp, ddp_stopped, tmp_path) -> None:
+    out = copy_of(ddp_stopped, tmp_path / "split")
     octlm(*args(tiny_dataset, out, "--accum", "1", "--nproc", "2", "--resume"))
     assert end_hash(out) == end_hash(ddp)
     assert steps_of(out) == steps_of(ddp)
@@ -83,10 +98,13 @@ def test_ddp_two_ranks_match_one_process_with_accumulation(single, ddp) -> None:
 
 
 @pytest.mark.parametrize("direction", ["2to1", "1to2"])
-def test_resume_across_world_sizes(tiny_dataset, single, tmp_path, direction) -> None:
+def test_resume_across_world_sizes(tiny_dataset, single, ddp_stopped, tmp_path, direction):
     out = tmp_path / direction
     first, second = (("--nproc", "2"), ()) if direction == "2to1" else ((), ("--nproc", "2"))
-    octlm(*args(tiny_dataset, out, "--accum", "1" if first else "2", *first, "--stop-at", "3"))
+    if first:  # 2 processes, accumulation 1, stopped at step 3: the session's `ddp_stopped`
+        copy_of(ddp_stopped, out)
+    else:
+        octlm(*args(tiny_dataset, out, "--accum", "2", "--stop-at", "3"))
     # The same command with the other process count; --accum is adjusted from the checkpoint.
     proc = octlm(*args(tiny_dataset, out, "--accum", "1" if first else "2", *second, "--resume"))
     assert "to keep the global batch" in proc.stderr
@@ -140,11 +158,6 @@ def fsdp_stopped(tiny_dataset, tmp_path_factory) -> Path:
         octlm(*args(tiny_dataset, folder / "run", *FSDP, "--stop-at", "3"))
 
     return shared(tmp_path_factory, "fsdp_stopped_3", build) / "run"
-
-
-def copy_of(run: Path, out: Path) -> Path:
-    shutil.copytree(run, out)
-    return out
 
 
 def test_fsdp2_split_equals_straight_and_reshards(
