@@ -22,6 +22,7 @@ import importlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -118,7 +119,7 @@ def serve(address: str) -> None:
                 _handle(conn)
             conn.close()
     listener.close()
-    os.unlink(address)
+    shutil.rmtree(Path(address).parent, ignore_errors=True)  # its own folder
 
 
 def _handle(conn: socket.socket) -> None:
