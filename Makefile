@@ -62,6 +62,9 @@ TEST_WORKERS ?= 2
 test:
 	@# The venv and the browser side by side: pip compiles while apt downloads.
 	@$(MAKE) --no-print-directory -j 2 $(STAMP) browser
+	@# octlm's bytecode too, as the venv's above: where PYTHONDONTWRITEBYTECODE is set, each of the
+	@# suite's fresh processes (torchrun workers, sweep and verify runs) compiled octlm again.
+	@$(BIN)/python -m compileall -q -j 0 octlm tests >/dev/null || true
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The fast lane: everything not marked slow (no subprocess, no torchrun, no browser), on the

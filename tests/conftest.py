@@ -26,6 +26,7 @@ import pytest
 from octlm.prepare.corpus import Document, embedded_documents
 from octlm.prepare.text import PrepareConfig, prepare
 from octlm.tokenizer.core import Tokenizer
+from tests import ordering
 from tests.shared import shared
 
 atexit.register(shutil.rmtree, os.environ["OCTLM_CACHE"], True)
@@ -74,6 +75,17 @@ def tiny_dataset(corpus_docs, tmp_path_factory) -> Path:
         prepare(config, progress=False)
 
     return shared(tmp_path_factory, "tiny_dataset", build) / "data"
+
+
+@pytest.fixture(scope="session")
+def embedded_4096(tmp_path_factory) -> Path:
+    """The embedded corpus prepared at vocabulary 4096, every other setting the default (as
+    `octlm prepare --vocab-size 4096` writes it; the encoder's fast path on). Read-only."""
+
+    def build(root: Path) -> None:
+        prepare(PrepareConfig(out=root / "data", vocab_size=4096), progress=False)
+
+    return shared(tmp_path_factory, "embedded_4096", build) / "data"
 
 
 def speeches_dataset(tiny_dataset: Path, works: list[Document], root: Path, limit: int) -> Path:
@@ -140,3 +152,9 @@ def straight_run(tiny_dataset, tmp_path_factory):
         return shared(tmp_path_factory, key, build) / "run"
 
     return get
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules of the slowest tests first, dealt out among the xdist workers
+    (tests/ordering.py)."""
+    items[:] = ordering.longest_first(items, ordering.known_seconds(), ordering.workers())

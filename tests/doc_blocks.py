@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import shim_server
+
 
 def section_blocks(doc: Path, heading: str, lang: str = "bash") -> list[str]:
     """The ```lang blocks between the `## heading` line and the next `## ` heading."""
@@ -21,16 +23,22 @@ def section_blocks(doc: Path, heading: str, lang: str = "bash") -> list[str]:
 
 def shim(folder: Path, *modules: str, python: bool = False) -> Path:
     """A new bin folder under `folder` where each command `m` is this interpreter's `-m m`, so a
-    block's `octlm` is this checkout's, whatever else is on PATH; with `python`, the block's
-    `python` is this interpreter too."""
+    block's `octlm` is this checkout's, whatever else is on PATH (forked from a server that has
+    done the imports, tests/shim_server.py); with `python`, the block's `python` is this
+    interpreter too."""
     bin_dir = folder / "bin"
     bin_dir.mkdir()
     commands = {module: f"-m {module} " for module in modules}
     if python:
         commands["python"] = ""
-    for name, args in commands.items():
+    scripts = {
+        name: f'#!/bin/sh\nexec "{sys.executable}" {args}"$@"\n' for name, args in commands.items()
+    }
+    if "octlm" in modules:  # started as the other tests' commands are, when it can be
+        scripts["octlm"] = shim_server.client_script() or scripts["octlm"]
+    for name, text in scripts.items():
         script = bin_dir / name
-        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {args}"$@"\n')
+        script.write_text(text)
         script.chmod(0o755)
     return bin_dir
 

@@ -43,7 +43,8 @@ _busy = threading.Lock()
 """One command at a time per server: a caller's thread that finds it busy starts a real one."""
 
 
-def _import_time(env: dict[str, str]) -> dict[str, str]:
+def import_time(env: dict[str, str]) -> dict[str, str]:
+    """The variables of `env` that a fresh process reads only while it imports."""
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
 
 
@@ -55,7 +56,7 @@ def server_for(env: dict[str, str]) -> subprocess.Popen | None:
     global _server, _server_env
     if os.environ.get("OCTLM_TEST_FRESH") == "1":
         return None
-    now = _import_time(dict(os.environ))
+    now = import_time(dict(os.environ))
     if _server is not None and _server.poll() is None and now != _server_env:
         _stop(_server)
     if _server is None or _server.poll() is not None:
@@ -66,7 +67,7 @@ def server_for(env: dict[str, str]) -> subprocess.Popen | None:
             stdout=subprocess.PIPE,
             cwd=ROOT,
         )
-    return _server if _import_time(env) == _server_env else None
+    return _server if import_time(env) == _server_env else None
 
 
 def _stop(server: subprocess.Popen) -> None:
@@ -146,9 +147,6 @@ def serve() -> None:
 
 def _child(args: list[str], env: dict[str, str], cwd: str, stdin: str, out: str, err: str) -> None:
     """In the forked process: become `python -m octlm ARGS` and never return."""
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
     for fd, path, flags in (
         (0, stdin, os.O_RDONLY),
         (1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
@@ -157,6 +155,15 @@ def _child(args: list[str], env: dict[str, str], cwd: str, stdin: str, out: str,
         opened = os.open(path, flags)
         os.dup2(opened, fd)
         os.close(opened)
+    become_octlm(args, env, cwd)
+
+
+def become_octlm(args: list[str], env: dict[str, str], cwd: str) -> None:
+    """In a process forked from a server, its descriptors 0, 1 and 2 already the command's:
+    run `python -m octlm ARGS` with `env` in `cwd`, and exit with its code (never return)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115

@@ -27,7 +27,7 @@ def test_the_walkthrough_runs(tmp_path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     bin_dir = shim(tmp_path, "octlm", python=True)
-    env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", BATCH="4")
+    env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", BATCH="2")
     result = run_block(walkthrough(), work, env)
     data = ShardDataset.open(work / "data" / "replies", verify_checksums=True)
     assert data.masked and data.manifest["splits"]["train"]["documents"] > 20_000

@@ -1,5 +1,6 @@
 """docs/rl.md's walk-through runs as written, by bash, in an empty folder, with `octlm` meaning
-this checkout's interpreter; only its step counts are set small."""
+this checkout's interpreter; only its knobs (step counts, batch, held-out prompts) are set
+small."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_the_walkthrough_runs(tmp_path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     bin_dir = shim(tmp_path, "octlm", python=True)
-    env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", RL_STEPS="3")
+    env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", RL_STEPS="3", BATCH="2", PROMPTS="8")
     result = run_block(blocks[0], work, env)
     records = read_log(work / "runs" / "rl")
     assert records[0]["kind"] == "rl" and records[0]["rl"]["task"] == "sorting:2"

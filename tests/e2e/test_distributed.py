@@ -21,6 +21,7 @@ from octlm.trainer import checkpoint as ckpt
 from tests.e2e.helpers import DIST_FLAGS, end_hash, octlm, steps_of
 from tests.e2e.helpers import DIST_STEPS as STEPS
 from tests.e2e.helpers import dist_args as args
+from tests.shared import shared
 
 pytestmark = pytest.mark.slow
 
@@ -49,9 +50,24 @@ def ddp(two_process_run) -> Path:
     return two_process_run
 
 
-def test_ddp_split_equals_straight(tiny_dataset, ddp, tmp_path) -> None:
-    out = tmp_path / "split"
-    octlm(*args(tiny_dataset, out, "--accum", "1", "--nproc", "2", "--stop-at", "3"))
+@pytest.fixture(scope="module")
+def ddp_stopped(tiny_dataset, tmp_path_factory) -> Path:
+    """The 2-process DDP run (accumulation 1) stopped at step 3, trained once per session for
+    the tests that resume it. Read-only: resume a copy (`copy_of`)."""
+
+    def build(folder: Path) -> None:
+        octlm(*args(tiny_dataset, folder / "run", "--accum", "1", "--nproc", "2", "--stop-at", "3"))
+
+    return shared(tmp_path_factory, "ddp_stopped_3", build) / "run"
+
+
+def copy_of(run: Path, out: Path) -> Path:
+    shutil.copytree(run, out)
+    return out
+
+
+def test_ddp_split_equals_straight(tiny_dataset, ddp, ddp_stopped, tmp_path) -> None:
+    out = copy_of(ddp_stopped, tmp_path / "split")
     octlm(*args(tiny_dataset, out, "--accum", "1", "--nproc", "2", "--resume"))
     assert end_hash(out) == end_hash(ddp)
     assert steps_of(out) == steps_of(ddp)
@@ -82,10 +98,13 @@ def test_ddp_two_ranks_match_one_process_with_accumulation(single, ddp) -> None:
 
 
 @pytest.mark.parametrize("direction", ["2to1", "1to2"])
-def test_resume_across_world_sizes(tiny_dataset, single, tmp_path, direction) -> None:
+def test_resume_across_world_sizes(tiny_dataset, single, ddp_stopped, tmp_path, direction):
     out = tmp_path / direction
     first, second = (("--nproc", "2"), ()) if direction == "2to1" else ((), ("--nproc", "2"))
-    octlm(*args(tiny_dataset, out, "--accum", "1" if first else "2", *first, "--stop-at", "3"))
+    if first:  # 2 processes, accumulation 1, stopped at step 3: the session's `ddp_stopped`
+        copy_of(ddp_stopped, out)
+    else:
+        octlm(*args(tiny_dataset, out, "--accum", "2", "--stop-at", "3"))
     # The same command with the other process count; --accum is adjusted from the checkpoint.
     proc = octlm(*args(tiny_dataset, out, "--accum", "1" if first else "2", *second, "--resume"))
     assert "to keep the global batch" in proc.stderr
@@ -95,19 +114,17 @@ def test_resume_across_world_sizes(tiny_dataset, single, tmp_path, direction) ->
 
 
 def test_a_damaged_newest_checkpoint_of_another_world_resumes_with_the_older_ones_settings(
-    tiny_dataset, tmp_path
+    tiny_dataset, single, tmp_path
 ) -> None:
     """The checkpoint a resume reads decides its settings too. Step 2 is written by 1 process
     (accumulation 2), step 4 by 2 after an elastic resume. With step 4's tensors damaged (its
     header intact), a resume on 2 processes must fall back to step 2 and take step 2's world
-    (accumulation 2 over 2 ranks: 1 each), ending where the same resume from step 2 ends."""
-    base = tmp_path / "base"
-    octlm(*args(tiny_dataset, base, "--accum", "2", "--stop-at", "2"))
-    ref, out = tmp_path / "ref", tmp_path / "run"
-    shutil.copytree(base, ref)
-    shutil.copytree(base, out)
+    (accumulation 2 over 2 ranks: 1 each), ending where the same resume from step 2 ends: on
+    `single`'s bits, as any resume across world sizes does (test_resume_across_world_sizes;
+    that resume, once run here as the reference, is the straight run it equals)."""
+    out = tmp_path / "run"
+    octlm(*args(tiny_dataset, out, "--accum", "2", "--stop-at", "2"))
     two = ("--accum", "2", "--nproc", "2", "--resume")
-    octlm(*args(tiny_dataset, ref, *two))
     octlm(*args(tiny_dataset, out, *two, "--stop-at", "4"))
     newest = ckpt.read_latest(out)[-1]
     written = ckpt.load_checkpoint(out / ckpt.CKPT_DIR / newest["file"], newest["checksum"])[0]
@@ -120,8 +137,8 @@ def test_a_damaged_newest_checkpoint_of_another_world_resumes_with_the_older_one
     assert "falling back" in proc.stderr and "resumed from" in proc.stderr
     assert "step_000002" in proc.stderr and "written by 1 process(es), resumed by 2" in proc.stderr
     assert [s for s, _, _ in steps_of(out)] == list(range(1, STEPS + 1))
-    assert steps_of(out) == steps_of(ref)
-    assert end_hash(out) == end_hash(ref)
+    assert steps_of(out) == steps_of(single)
+    assert end_hash(out) == end_hash(single)
 
 
 FSDP = ("--accum", "1", "--nproc", "2", "--parallel", "fsdp")
@@ -132,17 +149,26 @@ def fsdp_straight(straight_run) -> Path:
     return straight_run(*DIST_FLAGS, *FSDP)
 
 
+@pytest.fixture(scope="module")
+def fsdp_stopped(tiny_dataset, tmp_path_factory) -> Path:
+    """The FSDP run stopped at step 3 (checkpoints at steps 2 and 3), trained once per session
+    for the tests that resume it. Read-only: resume a copy (`copy_of`)."""
+
+    def build(folder: Path) -> None:
+        octlm(*args(tiny_dataset, folder / "run", *FSDP, "--stop-at", "3"))
+
+    return shared(tmp_path_factory, "fsdp_stopped_3", build) / "run"
+
+
 def test_fsdp2_split_equals_straight_and_reshards(
-    tiny_dataset, single, fsdp_straight, tmp_path
+    tiny_dataset, single, fsdp_straight, fsdp_stopped, tmp_path
 ) -> None:
-    split = tmp_path / "fsdp-split"
-    octlm(*args(tiny_dataset, split, *FSDP, "--stop-at", "3"))
+    split = copy_of(fsdp_stopped, tmp_path / "fsdp-split")
     octlm(*args(tiny_dataset, split, *FSDP, "--resume"))
     assert end_hash(split) == end_hash(fsdp_straight)
     assert steps_of(split) == steps_of(fsdp_straight)
     # Sharded on 2 ranks, checkpointed whole, resumed (resharded) by one process.
-    one = tmp_path / "fsdp-to-1"
-    octlm(*args(tiny_dataset, one, *FSDP, "--stop-at", "3"))
+    one = copy_of(fsdp_stopped, tmp_path / "fsdp-to-1")
     octlm(*args(tiny_dataset, one, "--accum", "1", "--parallel", "fsdp", "--resume"))
     assert end_hash(one) == end_hash(fsdp_straight)
     assert steps_of(one) == steps_of(fsdp_straight)
@@ -156,13 +182,12 @@ def flip_a_byte(path: Path) -> None:
 
 
 def test_fsdp_ranks_fall_back_together_and_fail_in_one_line(
-    tiny_dataset, fsdp_straight, tmp_path
+    tiny_dataset, fsdp_straight, fsdp_stopped, tmp_path
 ) -> None:
     """Rank 0 alone reads the file and picks the checkpoint; a damaged newest one is skipped by
     every rank at once (the run still ends on the straight run's bits), and a folder with none
     intact ends every rank with one line, printed once."""
-    out = tmp_path / "run"
-    octlm(*args(tiny_dataset, out, *FSDP, "--stop-at", "3"))  # checkpoints at steps 2 and 3
+    out = copy_of(fsdp_stopped, tmp_path / "run")  # checkpoints at steps 2 and 3
     flip_a_byte(out / ckpt.CKPT_DIR / "step_000003.safetensors")
     proc = octlm(*args(tiny_dataset, out, *FSDP, "--resume"))
     assert "falling back to the previous checkpoint" in proc.stderr

@@ -1,4 +1,5 @@
-"""The suite's fork server (tests/octlm_process.py) is a faithful `python -m octlm`.
+"""The suite's fork servers (tests/octlm_process.py, tests/shim_server.py) are a faithful
+`python -m octlm`.
 
 Most e2e tests start their commands by forking a server that has done the imports; if that
 changed a bit of a run, every exactness test would be checking the harness, not octlm.
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import octlm_process
+from tests.doc_blocks import run_block, shim, shim_env
 from tests.e2e.helpers import end_hash, octlm, steps_of, train_args
 
 pytestmark = pytest.mark.slow
@@ -39,3 +41,24 @@ def test_a_server_whose_import_time_settings_drifted_is_replaced(monkeypatch, tm
     assert before.poll() is not None  # the old one has ended
     proc = octlm("hash", str(Path(tmp_path / "missing")), check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr  # and it serves commands
+
+
+def test_a_doc_blocks_octlm_answers_as_a_fresh_one(tmp_path, monkeypatch) -> None:
+    """A walkthrough's `octlm` (tests/shim_server.py: a client of a server that has done the
+    imports) gives its block what a fresh `python -m octlm` gives: the output through a pipe,
+    the error through a redirect, the exit code, the working folder."""
+    block = 'octlm --version | tr a-z A-Z\noctlm hash missing 2> err.txt || echo "code $?"\n'
+    block += "cat err.txt\n"
+    results = []
+    for name in ("forked", "fresh"):
+        if name == "fresh":  # OCTLM_TEST_FRESH=1: the shim is a plain `python -m octlm`
+            monkeypatch.setenv("OCTLM_TEST_FRESH", "1")
+        (tmp_path / name).mkdir()
+        bin_dir = shim(tmp_path / name, "octlm")
+        assert ("socket" in (bin_dir / "octlm").read_text()) == (name == "forked")
+        results.append(run_block(block, tmp_path, shim_env(bin_dir)))
+    forked, fresh = results
+    assert forked.stdout == fresh.stdout and forked.stderr == fresh.stderr == ""
+    lines = forked.stdout.splitlines()
+    assert lines[0].startswith("OCTLM ") and lines[1] == "code 1"
+    assert lines[2].startswith("octlm: error: missing does not exist")

@@ -15,18 +15,10 @@ import pytest
 from octlm.data.shards import ShardDataset
 from octlm.generation.sampling import generate
 from octlm.generation.trained import load_model
-from octlm.prepare.text import PrepareConfig, prepare
 from octlm.runlog.reader import read_log
 from tests import octlm_process
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def embedded_4096(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("embedded") / "data"
-    prepare(PrepareConfig(out=out, vocab_size=4096), progress=False)
-    return out
 
 
 def test_day1_overfit_memorises_its_block(embedded_4096: Path, tmp_path: Path) -> None:

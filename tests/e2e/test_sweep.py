@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from octlm.runlog.reader import read_log
-from tests.e2e.helpers import nan_loss_pythonpath
+from tests.e2e.helpers import nan_loss_pythonpath, octlm
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ def test_sweep_runs_summarises_and_resumes_exactly(tiny_dataset, tmp_path) -> No
     assert '"type": "end"' in first.read_text()
     assert '"type": "end"' not in second.read_text()
 
-    again = subprocess.run(sweep_cmd(tiny_dataset, out), capture_output=True, text=True)
+    again = octlm(*sweep_cmd(tiny_dataset, out)[3:])  # forked: no process group to kill
     assert again.returncode == 0, again.stderr[-2000:]
     assert "1 of 4 runs already finished: skipped" in again.stderr
     assert "[2/4] lr=0.001-r1 (seed 1338)" in again.stderr
@@ -92,22 +92,8 @@ def test_sweep_runs_summarises_and_resumes_exactly(tiny_dataset, tmp_path) -> No
 
     # The interrupted run, resumed by the second sweep, equals a direct uninterrupted run.
     direct = tmp_path / "direct"
-    cmd = [
-        sys.executable,
-        "-m",
-        "octlm",
-        "train",
-        "--config",
-        str(out / "base.toml"),
-        "--out",
-        str(direct),
-        "--seed",
-        "1338",
-        "--lr",
-        "0.001",
-        "--no-progress",
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, env=dict(os.environ))
+    flags = ["--out", str(direct), "--seed", "1338", "--lr", "0.001", "--no-progress"]
+    octlm("train", "--config", str(out / "base.toml"), *flags)
     end = [r for r in read_log(runs / "lr=0.001-r1") if r["type"] == "end"][0]
     assert end == [r for r in read_log(direct) if r["type"] == "end"][0] | {
         "elapsed": end["elapsed"]

@@ -146,13 +146,15 @@ def test_prepare_writes_hf_ids_with_the_crafted_vocabulary(tmp_path, crafted):
 
 
 # -- (c) prepare: fast path on and off ------------------------------------------------------------
-def test_prepare_shards_are_byte_identical_with_the_fast_path_on_and_off(tmp_path, monkeypatch):
-    folders, manifests = {}, {}
-    for setting in ("auto", "hf"):
-        monkeypatch.setenv(ENCODER_ENV, setting)
-        folders[setting] = tmp_path / setting
-        cfg = PrepareConfig(out=folders[setting], vocab_size=4096, context=64)  # embedded corpus
-        manifests[setting] = prepare(cfg, progress=False)
+def test_prepare_shards_are_byte_identical_with_the_fast_path_on_and_off(
+    tmp_path, monkeypatch, embedded_4096
+):
+    # The fast path's dataset is the session's (tests/conftest.py: the embedded corpus at vocab
+    # 4096, the encoder setting unset, so auto); the same settings again here with it off.
+    folders = {"auto": embedded_4096, "hf": tmp_path / "hf"}
+    manifests = {"auto": json.loads((embedded_4096 / "manifest.json").read_text())}
+    monkeypatch.setenv(ENCODER_ENV, "hf")
+    manifests["hf"] = prepare(PrepareConfig(out=folders["hf"], vocab_size=4096), progress=False)
     assert manifests["auto"]["encoder"] == {"piecewise": 42, "hf": 0}
     assert manifests["hf"]["encoder"] == {
         "piecewise": 0,
