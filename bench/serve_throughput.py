@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hf-batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--no-hf", action="store_true", help="skip transformers")
+    parser.add_argument(
+        "--seeded", action="store_true", help="requests give a seed: the exact path (docs/serve.md)"
+    )
     parser.add_argument("--threads", type=int, help="torch threads, both sides (default: torch's)")
     return parser
 
@@ -120,10 +123,13 @@ def prompts(count: int, length: int, vocab_size: int, seed: int) -> list[list[in
     return [[0, *p] for p in ids]
 
 
-def stream(port: int, prompt: list[int], new: int) -> list[float]:
-    """One streamed greedy completion: the times (from sending) of each token's chunk."""
+def stream(port: int, prompt: list[int], new: int, seeded: bool) -> list[float]:
+    """One streamed greedy completion: the times (from sending) of each token's chunk. With
+    `seeded` the request gives a seed, so it decodes on the exact path (docs/serve.md)."""
     text = " ".join(f"w{i}" for i in prompt[1:])
     body = {"prompt": text, "max_tokens": new, "temperature": 0, "stream": True}
+    if seeded:
+        body["seed"] = 1
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     connection.request("POST", "/v1/completions", json.dumps(body))
@@ -140,11 +146,13 @@ def stream(port: int, prompt: list[int], new: int) -> list[float]:
     return times
 
 
-def clients(port: int, work: list[list[int]], new: int, concurrent: int) -> tuple[float, list]:
+def clients(
+    port: int, work: list[list[int]], new: int, concurrent: int, seeded: bool = False
+) -> tuple[float, list]:
     """`work`'s prompts sent by `concurrent` clients: (seconds, each request's chunk times)."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrent) as pool:
-        times = list(pool.map(lambda p: stream(port, p, new), work))
+        times = list(pool.map(lambda p: stream(port, p, new, seeded), work))
     return time.perf_counter() - t0, times
 
 
@@ -192,7 +200,7 @@ def run_rounds(args: argparse.Namespace, port: int, hf) -> tuple[dict, dict]:
             if kind == "hf":
                 seconds, _ = hf_generate(hf, work, args.new)
             else:
-                seconds, times = clients(port, work, args.new, k)
+                seconds, times = clients(port, work, args.new, k, args.seeded)
                 latencies[k] += times
             rates[kind, k].append(count * args.new / seconds)
         print(f"round {r}: " + ", ".join(f"{n} {k}: {v[-1]:.0f}" for (n, k), v in rates.items()))
@@ -256,10 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     params, threads = model.num_params() / 1e6, torch.get_num_threads()
     print(f"{args.preset} ({params:.2f}M parameters, fp32, from init), threads {threads}; "
           f"prompts of {args.prompt_len} tokens, {args.new} new tokens each, greedy; "
-          f"one at a time: {args.sequential} requests; {args.rounds} rounds")  # fmt: skip
+          f"one at a time: {args.sequential} requests; {args.rounds} rounds; "
+          f"{'seeded: the exact path' if args.seeded else 'no seed: the plain path'}")  # fmt: skip
     process, port = start_server(args.preset)
     try:
-        clients(port, prompts(2, args.prompt_len, args.vocab, seed=1), args.new, 2)  # warm up
+        warm = prompts(2, args.prompt_len, args.vocab, seed=1)
+        clients(port, warm, args.new, 2, args.seeded)  # warm up (and the exact path's packing)
         if hf is not None:
             print(f"same greedy tokens in octlm and transformers: {same_greedy(port, hf, args)}")
         rates, latencies = run_rounds(args, port, hf)

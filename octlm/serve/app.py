@@ -201,7 +201,8 @@ class Job:
             for i in range(s.n):  # choice i of each prompt: seed + i (choice 0 is the seed's)
                 seed = s.seed + i if s.seed + i <= SEEDS[1] else s.seed - i
                 row = Row(prompt, s.max_tokens, self.emitter(len(self.rows)), s.temperature,
-                          s.top_k, s.top_p, seed, s.logprobs, served.tokenizer.eos_id)  # fmt: skip
+                          s.top_k, s.top_p, seed, s.logprobs, served.tokenizer.eos_id,
+                          exact=s.seeded)  # fmt: skip
                 self.rows.append(row)
                 self.choices.append(Choice(p * s.n + i, row, served.tokenizer, s.stop))
 

@@ -1,24 +1,20 @@
-"""Concurrent requests decoded together: one background thread steps one batch over one
-key/value cache, and admits waiting requests at step boundaries (continuous batching).
+"""Concurrent requests decoded together: one background thread steps the running rows over
+key/value caches, and admits waiting requests at step boundaries (continuous batching).
 
 Why this shape. A decoding step on a small model is bound by reading the weights, not by the
-rows: B rows cost little more than one, so N users should share each forward pass. The batch
-runs on the exact inference path (`octlm.model.exact`): its cache holds each row at its own
-positions (row b's position t at slot t, padded on the right), and a row's logits are the
-same bits whatever else is in the batch, wherever it sits and however long the others are.
-So a newcomer joins a running batch at any step boundary: the requests admitted together are
-prefilled in one forward pass (their prompts padded on the right; each row's first token gets
-the bits of its prompt alone), their cache rows appended to the batch's, and from then on every
-step decodes all rows at once, each at its own position. A request waits only while the batch
-is full (`max_batch`). A row that ends (EOS, its max_tokens, a cancel: a stop string, a
-disconnect, the time limit) leaves the cache at once, so the batch is only ever the rows still
-decoding.
+rows: B rows cost little more than one, so N users should share each forward pass. A seeded
+request decodes on the exact inference path, an unseeded one on the plain path (the two kinds
+of batch, `octlm/serve/batches.py`): issue 60's rule, since the exact path costs more than 10%
+(docs/performance.md), is to pay it where a user asked for a particular draw. Each step samples
+one token for every row of both batches, drops the rows that ended (EOS, max_tokens, a cancel:
+a stop string, a disconnect, the time limit), and runs one forward pass per non-empty batch.
+`max_batch` caps the rows of both together.
 
 Every row samples from a generator of its own seeded with its request's seed, with its own
 temperature, top-k and top-p (`octlm.generation.sampling.choose`, the one `octlm generate` uses),
 so a seeded row draws, token for token and bit for bit, what `octlm generate` draws for it alone.
 
-The thread owns the model and the cache; request handlers talk to it only through `submit`
+The thread owns the model and the caches; request handlers talk to it only through `submit`
 and each row's `emit` callback (called on the thread) and `cancelled` flag (read at each step).
 """
 
@@ -33,8 +29,8 @@ import torch
 from torch import Tensor
 
 from octlm.generation.sampling import choose
-from octlm.model.exact import ExactCache, forward_exact
 from octlm.model.gpt import GPT
+from octlm.serve.batches import ExactBatch, PlainBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +70,8 @@ class Row:
     last: int = 0
     length: int = 0
     """Positions the cache holds for this row (its prompt and the tokens fed back so far)."""
+    exact: bool = True
+    """On the exact path (a seeded request) or the plain one (`octlm/serve/batches.py`)."""
 
 
 class Busy(Exception):
@@ -88,12 +86,9 @@ class Scheduler:
         self.context = model.config.context
         self.device = next(model.parameters()).device
         self.waiting: deque[Row] = deque()
-        self.rows: list[Row] = []
-        self.cache: ExactCache | None = None
-        self.packs: dict[int, object] = {}
-        """The weights packed for the exact path, once for the server's life (`ExactCache.packs`:
-        the model never changes while it serves)."""
-        self.logits: Tensor | None = None  # (rows, V) float32: each row's next token
+        # The weights packed for the exact path once for the server's life (`ExactCache.packs`:
+        # the model never changes while it serves).
+        self.exact, self.plain = ExactBatch(model, {}), PlainBatch(model)
         self.widest = 0  # the most rows one forward pass decoded (shown by /health)
         self.forwards = 0
         self.generated = 0  # tokens made since the start, as `usage` counts them (shown by /health)
@@ -119,57 +114,67 @@ class Scheduler:
             self.wake.notify()
 
     def load(self) -> dict[str, int]:
-        return {"running": len(self.rows), "waiting": len(self.waiting), "widest": self.widest,
+        return {"running": self.running(), "waiting": len(self.waiting), "widest": self.widest,
                 "generated": self.generated, "cancelled": self.cancelled}  # fmt: skip
 
     def run(self) -> None:
         while True:
             with self.wake:
-                while not (self.closed or self.waiting or self.rows):
+                while not (self.closed or self.waiting or self.running()):
                     self.wake.wait()
                 if self.closed:
                     return
             try:
                 self.step()
             except Exception as exc:  # a failed forward ends its rows, not the server
-                for row in [*self.rows, *self.waiting]:
+                for row in [*self.exact.rows, *self.plain.rows, *self.waiting]:
                     row.emit(End("error", f"{type(exc).__name__}: {exc}"))
                 with self.wake:
                     self.waiting.clear()
                 self.reset()
 
+    def running(self) -> int:
+        return len(self.exact.rows) + len(self.plain.rows)
+
     def reset(self) -> None:
-        self.rows, self.cache, self.logits = [], None, None
+        self.exact.drop(list(range(len(self.exact.rows))))
+        self.plain.drop(list(range(len(self.plain.rows))))
 
     @torch.no_grad()
     def step(self) -> None:
         """Admit who fits, sample one token for every row, drop the rows that ended, and run
-        the forward pass of the rest."""
+        the forward pass of the rest, one per kind of batch."""
         self.admit()
-        if not self.rows:
-            return
-        assert self.logits is not None
-        done = []
-        for b, row in enumerate(self.rows):
-            if row.cancelled.is_set():
-                done.append(b)
-                self.cancelled += 1
+        for batch in (self.exact, self.plain):
+            if not batch.rows:
                 continue
-            token = self.sample(row, self.logits[b : b + 1])
-            row.made += 1
-            if token.id == row.stop_id:
-                row.emit(End("stop"))
-            else:
-                row.emit(token)
-                self.generated += 1
-                if row.made >= row.max_tokens:
-                    row.emit(End("length"))
-            if token.id == row.stop_id or row.made >= row.max_tokens:
-                done.append(b)
-            row.last = token.id
-        self.drop(done)
-        if self.rows:
-            self.advance()
+            logits = batch.logits
+            assert logits is not None
+            done = [b for b, row in enumerate(batch.rows) if self.draw(row, logits[b : b + 1])]
+            if done:
+                batch.drop(done)
+            if batch.rows:
+                batch.advance()
+                self.forwards += 1
+                self.widest = max(self.widest, len(batch.rows))
+
+    def draw(self, row: Row, logits: Tensor) -> bool:
+        """Sample `row`'s next token and emit it (or its end); whether the row has ended."""
+        if row.cancelled.is_set():
+            self.cancelled += 1
+            return True
+        token = self.sample(row, logits)
+        row.made += 1
+        if token.id == row.stop_id:
+            row.emit(End("stop"))
+            return True
+        row.emit(token)
+        self.generated += 1
+        row.last = token.id
+        if row.made >= row.max_tokens:
+            row.emit(End("length"))
+            return True
+        return False
 
     def sample(self, row: Row, logits: Tensor) -> Token:
         assert row.generator is not None
@@ -185,61 +190,29 @@ class Scheduler:
         )
         return Token(next_id, float(logprobs[next_id]), rivals)
 
-    def advance(self) -> None:
-        assert self.cache is not None
-        ids = torch.tensor([[row.last] for row in self.rows], device=self.device)
-        start = torch.tensor([row.length for row in self.rows], device=self.device)
-        self.logits = forward_exact(self.model, ids, self.cache, start)[:, -1, :].float()
-        for row in self.rows:
-            row.length += 1
-        self.forwards += 1
-        self.widest = max(self.widest, len(self.rows))
-
-    def drop(self, done: list[int]) -> None:
-        if not done:
-            return
-        keep = [b for b in range(len(self.rows)) if b not in set(done)]
-        if not keep:
-            self.reset()
-            return
-        assert self.cache is not None and self.logits is not None
-        index = torch.tensor(keep, device=self.device)
-        self.cache.keys = [k.index_select(0, index) for k in self.cache.keys]
-        self.cache.values = [v.index_select(0, index) for v in self.cache.values]
-        self.logits = self.logits.index_select(0, index)
-        self.rows = [self.rows[b] for b in keep]
-
     def admit(self) -> None:
-        """Move the waiting rows into the batch while it has room, first come first served (each
-        was checked to fit the context alone, which is all a row needs on the exact path)."""
+        """Move the waiting rows that fit into their batch, first come first served, while the
+        rows number fewer than `max_batch`; a new plain batch starts at its longest prompt."""
         with self.wake:
             waiting = [r for r in self.waiting if not r.cancelled.is_set()]
             self.cancelled += len(self.waiting) - len(waiting)
-            room = max(self.max_batch - len(self.rows), 0)
-            admitted, self.waiting = waiting[:room], deque(waiting[room:])
-        if admitted:
-            self.join(admitted)
-
-    def join(self, rows: list[Row]) -> None:
-        """Prefill the newcomers' prompts in one forward pass, padded on the right (each row's
-        bits are its own), and append their cache rows and first logits to the batch's."""
-        for row in rows:
-            row.generator = torch.Generator(device=self.device).manual_seed(row.seed)
-            row.length = len(row.prompt)
-        width = max(row.length for row in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-        for b, row in enumerate(rows):
-            ids[b, : row.length] = torch.tensor(row.prompt, device=self.device)
-        fresh = ExactCache(self.model, len(rows))
-        fresh.packs = self.packs
-        last = torch.tensor([row.length - 1 for row in rows], device=self.device)
-        logits = forward_exact(self.model, ids, fresh, at=last)[:, -1, :].float()
-        if self.cache is None:
-            self.cache, self.logits, self.rows = fresh, logits, list(rows)
-            return
-        assert self.logits is not None
-        for layer in range(len(self.cache.keys)):
-            self.cache.keys[layer] = torch.cat([self.cache.keys[layer], fresh.keys[layer]])
-            self.cache.values[layer] = torch.cat([self.cache.values[layer], fresh.values[layer]])
-        self.logits = torch.cat([self.logits, logits])
-        self.rows += rows
+            plain = [r for r in waiting[: self.max_batch] if not r.exact]
+            if not self.plain.rows and plain:
+                longest = max(plain, key=lambda r: len(r.prompt))
+                waiting.remove(longest)
+                waiting.insert(0, longest)
+            admitted: dict[bool, list[Row]] = {True: [], False: []}
+            left: deque[Row] = deque()
+            for row in waiting:
+                batch = self.exact if row.exact else self.plain
+                room = self.running() + len(admitted[True]) + len(admitted[False]) < self.max_batch
+                if room and batch.fits(row, admitted[row.exact]):
+                    admitted[row.exact].append(row)
+                else:
+                    left.append(row)
+            self.waiting = left
+        for exact, rows in admitted.items():
+            for row in rows:
+                row.generator = torch.Generator(device=self.device).manual_seed(row.seed)
+            if rows:
+                (self.exact if exact else self.plain).join(rows)

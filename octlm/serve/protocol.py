@@ -66,6 +66,8 @@ class Sampling:
     top_p: float
     top_k: int | None
     seed: int
+    seeded: bool
+    """The request gave its seed: it decodes on the exact path (`octlm/serve/batches.py`)."""
     n: int
     stop: tuple[str, ...]
     logprobs: int | None
@@ -159,6 +161,7 @@ def sampling_of(body: dict, prompt_tokens: int, context: int, chat: bool) -> Sam
         top_p=top_p_of(body),
         top_k=top_k if top_k is not None and top_k > 0 else None,
         seed=seed_of(body),
+        seeded=body.get("seed") is not None,
         n=integer(body, "n", 1, 1, MAX_N) or 1,
         stop=stops(body),
         logprobs=logprobs_of(body, chat),

@@ -51,6 +51,18 @@ def tokens(events: list) -> list[int]:
     return [e.id for e in events if isinstance(e, Token)]
 
 
+def assert_alone_bits(model: GPT, prompt: list[int], events: list, max_tokens: int, seed: int):
+    """A row's tokens are `generate`'s alone with its seed, and each token's log-probability is
+    the bit its whole sequence's full forward alone gives (`forward_exact` without a cache)."""
+    drawn = [e for e in events if isinstance(e, Token)]
+    assert [e.id for e in drawn] == generate(model, prompt, max_tokens, temperature=1.0, seed=seed)
+    sequence = torch.tensor([prompt + [e.id for e in drawn]])
+    with torch.no_grad():
+        full = torch.log_softmax(forward_exact(model, sequence)[0].float(), dim=-1)
+    for i, event in enumerate(drawn):
+        assert event.logprob == float(full[len(prompt) - 1 + i, event.id])
+
+
 def test_rows_decoded_together_draw_their_seeds_tokens(model) -> None:
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12]]
     events: queue.Queue = queue.Queue()
@@ -117,10 +129,29 @@ def test_a_late_longer_prompt_joins_at_once_with_its_full_forward_bits(model) ->
     finally:
         scheduler.close()
     assert scheduler.widest == 2
-    drawn = [e for e in got[1] if isinstance(e, Token)]
-    assert [e.id for e in drawn] == generate(model, prompt, 6, temperature=1.0, seed=5)
-    sequence = torch.tensor([prompt + [e.id for e in drawn]])
-    with torch.no_grad():
-        full = torch.log_softmax(forward_exact(model, sequence)[0].float(), dim=-1)
-    for i, event in enumerate(drawn):
-        assert event.logprob == float(full[len(prompt) - 1 + i, event.id])
+    assert_alone_bits(model, prompt, got[1], max_tokens=6, seed=5)
+
+
+def test_seeded_rows_decode_exactly_beside_unseeded_ones_on_the_plain_path(model) -> None:
+    """A request without a seed decodes on the plain path (`exact=False`), in its own batch
+    beside the exact one: both kinds run in the same steps, and the seeded row keeps its full
+    forward's bits while plain rows come and go."""
+    events: queue.Queue = queue.Queue()
+    scheduler = Scheduler(model, max_batch=8)
+    prompt = [5, 6, 7, 8, 9]
+    seeded = Row(prompt, 12, lambda e: events.put((0, e)), temperature=1.0, seed=3, logprobs=0)
+    plain = [
+        Row([1 + k, 2, 3], 4 + 3 * k, lambda e, k=k: events.put((1 + k, e)), exact=False)
+        for k in range(3)
+    ]
+    scheduler.submit([plain[0], seeded, *plain[1:]])
+    scheduler.start()
+    try:
+        got = collect([seeded, *plain], events)
+    finally:
+        scheduler.close()
+    assert scheduler.load()["running"] == 0
+    assert scheduler.forwards > 12  # two kinds of batch: a forward each per step while both run
+    for k, row in enumerate(plain):  # greedy plain rows: every token, then their end
+        assert len(tokens(got[1 + k])) == row.max_tokens and got[1 + k][-1] == End("length")
+    assert_alone_bits(model, prompt, got[0], max_tokens=12, seed=3)
