@@ -72,6 +72,17 @@ def kind_of(task: AnyTask) -> str:
     return "generative" if isinstance(task, GenerativeTask) else "categorical"
 
 
+def read_part(part: str, label: str, generative: Resolver | None) -> list:
+    """The tasks of one spec of `read_tasks`' list."""
+    found = None if generative is None or is_file(Path(part)) else generative(part)
+    if found is not None:
+        return [found]
+    if is_suite(part):
+        suite = part.partition("/")[0].partition(":")[0]
+        return [replace(t, name=f"{suite}/{t.name}") for t in suite_tasks(part)]
+    return [load_task(path, limit) for path, limit in task_specs(label, part)]
+
+
 def read_tasks(specs: str, label: str = "--tasks", generative: Resolver | None = None) -> list:
     """Comma-separated specs of any kind as tasks (at least one): `FILE[:N]`,
     `SUITE[/TASK][:N]` (its tasks named `SUITE/TASK`) and, with a `generative` resolver, a
@@ -79,14 +90,13 @@ def read_tasks(specs: str, label: str = "--tasks", generative: Resolver | None =
     are refused (their numbers would mix)."""
     tasks: list[AnyTask] = []
     for part in (p.strip() for p in specs.split(",") if p.strip()):
-        found = None if generative is None or is_file(Path(part)) else generative(part)
-        if found is not None:
-            tasks.append(found)
-        elif is_suite(part):
-            suite = part.partition("/")[0].partition(":")[0]
-            tasks += [replace(t, name=f"{suite}/{t.name}") for t in suite_tasks(part)]
-        else:
-            tasks += [load_task(path, limit) for path, limit in task_specs(label, part)]
+        try:
+            tasks += read_part(part, label, generative)
+        except OctlmError as exc:  # the setting named first: which of the command's options
+            if label not in exc.problem:
+                exc.problem = f"{label}: {exc.problem}"
+                exc.args = (exc.message,)
+            raise
     if not tasks:
         task_specs(label, specs)  # its one line for a list that names nothing
     names = [t.name for t in tasks]

@@ -154,3 +154,13 @@ def test_no_isinstance_on_a_task_kind_outside_the_protocol() -> None:
         if re.search(kinds, line)
     ]
     assert found and all(f.startswith("evaluate/protocol.py:") for f in found)
+
+
+def test_a_bad_task_spec_is_named_by_the_setting_that_gave_it(tmp_path) -> None:
+    """`train --eval-tasks` and `eval --tasks` read tasks alike: a refusal starts with the
+    setting (which `cli/flags.named_as_typed` spells as the user typed it)."""
+    for label in ("eval_tasks", "--tasks"):
+        with pytest.raises(OctlmError) as caught:
+            read_tasks(f"next_line,{tmp_path / 'nosuch.jsonl'}", label)
+        assert caught.value.problem.startswith(f"{label}: task file ")
+        assert "does not exist" in caught.value.problem

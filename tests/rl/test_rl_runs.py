@@ -170,7 +170,7 @@ def test_a_resume_with_other_settings_is_refused_and_changes_nothing(
     shutil.copytree(straight, out)
     before = folder_digest(out)
     proc = rl(source, out, "--resume", "--lr", "1e-3", check=False)
-    assert proc.returncode == 1 and "lr: 0.0003 -> 0.001" in proc.stderr
+    assert proc.returncode == 1 and "--lr 0.0003 -> 0.001" in proc.stderr  # named as typed
     assert folder_digest(out) == before
     train = octlm(
         "train", "--resume", "--out", str(out), "--model", "micro", "--context", "64", check=False
