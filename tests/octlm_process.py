@@ -17,7 +17,8 @@ command when OCTLM_TEST_FRESH=1 (the whole suite the slow, plain way).
 A command that launches runs of its own (`LAUNCHERS`: verify-resume's straight and split runs,
 a sweep's, `rl --verify-split`'s, all through octlm/tools/subrun.py) launches each as the doc
 walkthroughs' `octlm` is started: tests/shim_server.py's client, forked from that server (the
-same fall-back to a real `python -m octlm`).
+same fall-back to a real `python -m octlm`). So does a command asked for by a test's thread
+while another thread's command runs (the server here forks one at a time).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _server: subprocess.Popen | None = None
 _server_env: dict[str, str] = {}
 _busy = threading.Lock()
-"""One command at a time per server: a caller's thread that finds it busy starts a real one."""
+"""One command at a time per server: a caller's thread that finds it busy goes to the shim."""
 LAUNCHERS = ("verify-resume", "sweep", "--verify-split")
 """Arguments of a command that launches runs of its own (octlm/tools/subrun.py)."""
 
@@ -101,9 +102,19 @@ def run(
                 return _forked(server, cmd, args, env, cwd, timeout, input)
         finally:
             _busy.release()
+    else:  # another thread's command is running: tests/shim_server.py forks them side by side
+        client = _client() if timeout is None else None  # (a timeout must kill the command)
+        cmd = [client, *args] if client else cmd
     return subprocess.run(
         cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, input=input
     )
+
+
+def _client() -> str | None:
+    """tests/shim_server.py's client (imported here: that module imports this one)."""
+    from tests import shim_server
+
+    return shim_server.client_path()
 
 
 def _forked(
@@ -122,9 +133,7 @@ def _forked(
         request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd()), "client": None}
         request.update(stdin=str(stdin), out=str(out), err=str(err))
         if any(arg in LAUNCHERS for arg in args):
-            from tests import shim_server
-
-            request["client"] = shim_server.client_path()
+            request["client"] = _client()
         server.stdin.write((json.dumps(request) + "\n").encode())
         server.stdin.flush()
         pid = int(server.stdout.readline())

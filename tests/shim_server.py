@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +66,7 @@ sys.exit(code)
 _server: subprocess.Popen | None = None
 _server_env: dict[str, str] = {}
 _address = ""
+_starting = threading.Lock()
 
 
 def client_script() -> str | None:
@@ -96,15 +98,16 @@ def client_script() -> str | None:
 
 def client_path() -> str | None:
     """`client_script()` written to an executable file in the server's folder (None when
-    OCTLM_TEST_FRESH=1)."""
-    script = client_script()
-    if script is None:
-        return None
-    path = Path(_address).parent / "octlm"
-    if not path.exists() or path.read_text() != script:
-        path.write_text(script)
-        path.chmod(0o755)
-    return str(path)
+    OCTLM_TEST_FRESH=1); a test's threads may ask at once."""
+    with _starting:
+        script = client_script()
+        if script is None:
+            return None
+        path = Path(_address).parent / "octlm"
+        if not path.exists() or path.read_text() != script:
+            path.write_text(script)
+            path.chmod(0o755)
+        return str(path)
 
 
 def _stop(server: subprocess.Popen) -> None:
