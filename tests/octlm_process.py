@@ -13,6 +13,12 @@ What a fresh interpreter reads only while it imports (thread, BLAS and CPU-kerne
 the allocator, Python's own flags) is the server's. A command whose environment differs from
 the server's in any such variable runs as a real `python -m octlm` instead, and so does every
 command when OCTLM_TEST_FRESH=1 (the whole suite the slow, plain way).
+
+A command that launches runs of its own (`LAUNCHERS`: verify-resume's straight and split runs,
+a sweep's, `rl --verify-split`'s, all through octlm/tools/subrun.py) launches each as the doc
+walkthroughs' `octlm` is started: tests/shim_server.py's client, forked from that server (the
+same fall-back to a real `python -m octlm`). So does a command asked for by a test's thread
+while another thread's command runs (the server here forks one at a time).
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 _server: subprocess.Popen | None = None
 _server_env: dict[str, str] = {}
 _busy = threading.Lock()
-"""One command at a time per server: a caller's thread that finds it busy starts a real one."""
+"""One command at a time per server: a caller's thread that finds it busy goes to the shim."""
+LAUNCHERS = ("verify-resume", "sweep", "--verify-split")
+"""Arguments of a command that launches runs of its own (octlm/tools/subrun.py)."""
 
 
 def import_time(env: dict[str, str]) -> dict[str, str]:
@@ -94,9 +102,19 @@ def run(
                 return _forked(server, cmd, args, env, cwd, timeout, input)
         finally:
             _busy.release()
+    else:  # another thread's command is running: tests/shim_server.py forks them side by side
+        client = _client() if timeout is None else None  # (a timeout must kill the command)
+        cmd = [client, *args] if client else cmd
     return subprocess.run(
         cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, input=input
     )
+
+
+def _client() -> str | None:
+    """tests/shim_server.py's client (imported here: that module imports this one)."""
+    from tests import shim_server
+
+    return shim_server.client_path()
 
 
 def _forked(
@@ -112,8 +130,10 @@ def _forked(
     with tempfile.TemporaryDirectory(prefix="octlm-fork-") as streams:
         out, err, stdin = (Path(streams) / name for name in ("out", "err", "in"))
         stdin.write_text(input or "")
-        request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd())}
+        request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd()), "client": None}
         request.update(stdin=str(stdin), out=str(out), err=str(err))
+        if any(arg in LAUNCHERS for arg in args):
+            request["client"] = _client()
         server.stdin.write((json.dumps(request) + "\n").encode())
         server.stdin.flush()
         pid = int(server.stdout.readline())
@@ -145,7 +165,15 @@ def serve() -> None:
         answers.flush()
 
 
-def _child(args: list[str], env: dict[str, str], cwd: str, stdin: str, out: str, err: str) -> None:
+def _child(
+    args: list[str],
+    env: dict[str, str],
+    cwd: str,
+    client: str | None,
+    stdin: str,
+    out: str,
+    err: str,
+) -> None:
     """In the forked process: become `python -m octlm ARGS` and never return."""
     for fd, path, flags in (
         (0, stdin, os.O_RDONLY),
@@ -155,12 +183,15 @@ def _child(args: list[str], env: dict[str, str], cwd: str, stdin: str, out: str,
         opened = os.open(path, flags)
         os.dup2(opened, fd)
         os.close(opened)
-    become_octlm(args, env, cwd)
+    become_octlm(args, env, cwd, client)
 
 
-def become_octlm(args: list[str], env: dict[str, str], cwd: str) -> None:
+def become_octlm(args: list[str], env: dict[str, str], cwd: str, client: str | None) -> None:
     """In a process forked from a server, its descriptors 0, 1 and 2 already the command's:
-    run `python -m octlm ARGS` with `env` in `cwd`, and exit with its code (never return)."""
+    run `python -m octlm ARGS` with `env` in `cwd`, and exit with its code (never return).
+    `client`: the path of a tests/shim_server.py client that starts the command's own runs."""
+    if client is not None:
+        launch_through(client)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -179,6 +210,19 @@ def become_octlm(args: list[str], env: dict[str, str], cwd: str) -> None:
     from octlm.trainer.worker_exit import exit_without_finalising
 
     exit_without_finalising(code)  # what a normal exit does, bar the finalisation
+
+
+def launch_through(client: str) -> None:
+    """Make octlm/tools/subrun.py's `python -m octlm ARGS` the command line `client ARGS`."""
+    from octlm.tools import subrun
+
+    plain = subrun.train_argv
+
+    def through_client(*args, **kwargs) -> list[str]:
+        argv = plain(*args, **kwargs)
+        return [client, *argv[3:]] if argv[:3] == [sys.executable, "-m", "octlm"] else argv
+
+    subrun.train_argv = through_client
 
 
 def _exit_code(code: object) -> int:

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,7 @@ conn = socket.socket(socket.AF_UNIX)
 try:
     conn.connect({address!r})
     request = {{"args": sys.argv[1:], "env": env, "cwd": os.getcwd()}}
+    request["client"] = os.path.abspath(sys.argv[0])  # the command's own runs start here too
     socket.send_fds(conn, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
 except OSError:
     fresh()
@@ -64,6 +66,7 @@ sys.exit(code)
 _server: subprocess.Popen | None = None
 _server_env: dict[str, str] = {}
 _address = ""
+_starting = threading.Lock()
 
 
 def client_script() -> str | None:
@@ -91,6 +94,20 @@ def client_script() -> str | None:
         server_env=_server_env,
         address=_address,
     )
+
+
+def client_path() -> str | None:
+    """`client_script()` written to an executable file in the server's folder (None when
+    OCTLM_TEST_FRESH=1); a test's threads may ask at once."""
+    with _starting:
+        script = client_script()
+        if script is None:
+            return None
+        path = Path(_address).parent / "octlm"
+        if not path.exists() or path.read_text() != script:
+            path.write_text(script)
+            path.chmod(0o755)
+        return str(path)
 
 
 def _stop(server: subprocess.Popen) -> None:
@@ -141,7 +158,8 @@ def _handle(conn: socket.socket) -> None:
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        octlm_process.become_octlm(request["args"], request["env"], request["cwd"])
+        args, env, cwd, client = (request[k] for k in ("args", "env", "cwd", "client"))
+        octlm_process.become_octlm(args, env, cwd, client)
     for fd in fds:
         os.close(fd)
     conn.sendall(f"{pid}\n".encode())

@@ -18,7 +18,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ import torch
 from octlm.hashing import file_checksum
 from octlm.trainer.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from octlm.trainer.stwriter import write_safetensors
+from tests import octlm_process
 from tests.old_code import extract, run_old
 from tests.shared import shared
 
@@ -49,10 +49,11 @@ def v1_here(tmp_path_factory) -> Path:
 
 
 def _train(folder: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "octlm", "train", "--config", str(folder / "config.toml"),
-           "--data", str(folder / "data"), "--out", str(folder / "run"), *extra]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    """Today's `python -m octlm train` on the folder (forked as the suite's commands are,
+    tests/octlm_process.py)."""
+    args = ["train", "--config", str(folder / "config.toml"), "--data", str(folder / "data"),
+            "--out", str(folder / "run"), *extra]  # fmt: skip
+    return octlm_process.run(args, {**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def _header(path: Path) -> dict:

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from octlm.trainer.schedule import learning_rate
+from tests import octlm_process, shim_server
 from tests.browser.helpers import ARTIFACTS, embedded, hover, js_number, open_page
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,8 @@ SAMPLE = "ROMEO: But soft </script><b>not bold</b>\nJULIET: & so on"
 
 
 def octlm_cmd(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "octlm", *map(str, args)]
+    """The arguments of `octlm ARGS` (run by `run_ok`)."""
+    return [*map(str, args)]
 
 
 def train_cmd(data: Path, out: Path, *extra: str) -> list[str]:
@@ -37,8 +39,9 @@ def train_cmd(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_ok(cmd: list[str]) -> str:
+    """`python -m octlm CMD` (forked as the suite's commands are, tests/octlm_process.py)."""
     env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}  # never prepare implicitly
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    proc = octlm_process.run(cmd, env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -49,9 +52,11 @@ def runs(tiny_dataset: Path, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("report_runs")
     split, straight = root / "split", root / "straight"
     env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache"}
-    # The straight run in parallel with the split one: each process mostly waits on start-up.
+    # The straight run in parallel with the split one, forked by tests/shim_server.py's client.
+    client = shim_server.client_path()
+    argv = [client] if client else [sys.executable, "-m", "octlm"]
     background = subprocess.Popen(
-        train_cmd(tiny_dataset, straight),
+        [*argv, *train_cmd(tiny_dataset, straight)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

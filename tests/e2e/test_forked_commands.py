@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import octlm_process
+from octlm.tools import subrun
+from tests import octlm_process, shim_server
 from tests.doc_blocks import run_block, shim, shim_env
 from tests.e2e.helpers import end_hash, octlm, steps_of, train_args
 
@@ -62,3 +63,30 @@ def test_a_doc_blocks_octlm_answers_as_a_fresh_one(tmp_path, monkeypatch) -> Non
     lines = forked.stdout.splitlines()
     assert lines[0].startswith("OCTLM ") and lines[1] == "code 1"
     assert lines[2].startswith("octlm: error: missing does not exist")
+
+
+def test_a_launchers_own_runs_start_through_the_client(tiny_dataset, tmp_path, monkeypatch):
+    """verify-resume's (and sweep's, rl --verify-split's) runs: octlm/tools/subrun.py's command
+    line becomes the shim client's, which forks them from its server; from a test's `octlm` and
+    from a doc block's, the runs end identical as they do started fresh."""
+    client = shim_server.client_path()
+    assert client is not None and "socket" in Path(client).read_text()
+    monkeypatch.setattr(subrun, "train_argv", subrun.train_argv)  # restored after the test
+    plain = subrun.train_argv(tmp_path / "c.toml", tmp_path / "run", "--resume")
+    octlm_process.launch_through(client)
+    assert subrun.train_argv(tmp_path / "c.toml", tmp_path / "run", "--resume") == [
+        client,
+        *plain[3:],
+    ]
+    args = ["verify-resume", "--model", "tiny", "--data", str(tiny_dataset), "--steps", "4"]
+    args += ["--warmup", "1"]
+    args += ["--split", "2", "--context", "32", "--micro-batch", "2", "--accum", "1"]
+    args += ["--dtype", "fp32", "--val-every", "0", "--workdir", str(tmp_path)]
+    assert any(arg in octlm_process.LAUNCHERS for arg in args)
+    forked = octlm(*args).stdout
+    block = run_block(
+        " ".join(["octlm", *args]) + "\n", tmp_path, shim_env(shim(tmp_path, "octlm"))
+    )
+    for out in (forked, block.stdout):
+        assert out.splitlines()[2].rstrip().endswith("identical"), out
+        assert out.splitlines()[-1].startswith("identical:"), out

@@ -21,6 +21,7 @@ import pytest
 
 from octlm.trainer import checkpoint as ckpt
 from octlm.trainer.forkstart import worker_pids
+from tests import shim_server
 from tests.e2e.helpers import DIST_FLAGS, dist_args, end_hash, steps_of, stop_a_worker_and_read
 from tests.e2e.helpers import DIST_STEPS as STEPS
 
@@ -45,8 +46,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(*argv: str, **env: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "octlm", *argv]
+def start(*argv: str, forked: bool = False, **env: str) -> subprocess.Popen:
+    """`python -m octlm ARGV`; `forked`: started by tests/shim_server.py's client, forked from a
+    server that has done the imports (for a launcher that is only waited for: a signal to the
+    client, or a look for its children, would not reach the run)."""
+    client = shim_server.client_path() if forked else None
+    cmd = [client, *argv] if client else [sys.executable, "-m", "octlm", *argv]
     env = {**os.environ, "OCTLM_CACHE": "/nonexistent-octlm-cache", **env}
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -60,7 +65,8 @@ def two_nodes(outs: tuple[Path, Path], data: Path, *extra: str) -> list[tuple[in
     """Two launchers of one worker each, as two machines would start them."""
     node = ("--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
     procs = [
-        start(*args(data, out, *node, "--node-rank", str(r), *extra)) for r, out in enumerate(outs)
+        start(*args(data, out, *node, "--node-rank", str(r), *extra), forked=True)
+        for r, out in enumerate(outs)
     ]
     return [finish(p) for p in procs]
 
@@ -241,7 +247,9 @@ def test_preemption_of_one_worker_checkpoints_and_asks_for_requeue(
     assert stop and '"reason": "SIGUSR1"' in stop[-1]
     step = int(stop[-1].split('"step": ')[1].split(",")[0])
     assert step < STEPS and ckpt.read_latest(out)[-1]["step"] == step
-    code, err = finish(start(*args(tiny_dataset, out, "--nproc", "2", "--resume", *requeue)))
+    code, err = finish(
+        start(*args(tiny_dataset, out, "--nproc", "2", "--resume", *requeue), forked=True)
+    )
     assert code == 0, err
     assert end_hash(out) == end_hash(one_node)
 
@@ -263,6 +271,6 @@ def test_a_stopped_peer_ends_the_run_in_one_line_and_the_checkpoint_survives(
     assert lines[0].startswith("octlm: error: rank 0, after step ") and "Traceback" not in err
     entry = ckpt.read_latest(out)[-1]
     ckpt.load_checkpoint(out / ckpt.CKPT_DIR / entry["file"], entry["checksum"])  # intact
-    code, err = finish(start(*args(tiny_dataset, out, "--nproc", "2", "--resume")))
+    code, err = finish(start(*args(tiny_dataset, out, "--nproc", "2", "--resume"), forked=True))
     assert code == 0, err
     assert end_hash(out) == end_hash(one_node)

@@ -1,9 +1,11 @@
 """`octlm plot`: on real tiny runs a PNG with every panel, several runs overlaid (slow: they are
-trained by `python -m octlm`); in-process, logs a kill or a bad disk damaged, and an install
-without matplotlib (one error line saying how to get it)."""
+trained by `python -m octlm`, forked as tests/octlm_process.py starts the suite's commands);
+in-process, logs a kill or a bad disk damaged, and an install without matplotlib (one error
+line saying how to get it)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from octlm.tools.plot import (
     pyplot,
     unigram_baseline,
 )
+from tests import octlm_process
 from tests.tools.helpers import (
     CUT_LINE,
     GARBAGE_LINE,
@@ -35,43 +38,12 @@ def runs(tiny_dataset, tmp_path_factory) -> list[Path]:
     out = []
     for seed, clip in ((1, "1.0"), (2, "0.5")):
         run = tmp_path_factory.mktemp("plot") / f"seed{seed}"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "octlm",
-                "train",
-                "--model",
-                "tiny",
-                "--data",
-                str(tiny_dataset),
-                "--out",
-                str(run),
-                "--steps",
-                "6",
-                "--warmup",
-                "2",
-                "--context",
-                "32",
-                "--micro-batch",
-                "2",
-                "--accum",
-                "2",
-                "--dtype",
-                "fp32",
-                "--val-every",
-                "2",
-                "--val-batches",
-                "1",
-                "--grad-clip",
-                clip,
-                "--seed",
-                str(seed),
-                "--no-progress",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        args = ["train", "--model", "tiny", "--data", str(tiny_dataset), "--out", str(run)]
+        args += ["--steps", "6", "--warmup", "2", "--context", "32", "--micro-batch", "2"]
+        args += ["--accum", "2", "--dtype", "fp32", "--val-every", "2", "--val-batches", "1"]
+        args += ["--grad-clip", clip, "--seed", str(seed), "--no-progress"]
+        proc = octlm_process.run(args, dict(os.environ))  # forked, as the suite's commands
+        assert proc.returncode == 0, proc.stderr[-2000:]
         out.append(run)
     return out
 
@@ -81,11 +53,7 @@ def test_plot_writes_a_png_with_all_panels(runs, tmp_path) -> None:
     import matplotlib.image
 
     png = tmp_path / "sub" / "runs.png"
-    proc = subprocess.run(
-        [sys.executable, "-m", "octlm", "plot", *map(str, runs), "-o", str(png)],
-        capture_output=True,
-        text=True,
-    )
+    proc = octlm_process.run(["plot", *map(str, runs), "-o", str(png)], dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = matplotlib.image.imread(png)
