@@ -225,7 +225,11 @@ def nucleus(probs: Tensor, top_p: float) -> Tensor:
     first always): the others zeroed, which `torch.multinomial` never draws."""
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # the mass ahead of each token
-    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    dropped = before >= top_p
+    # The first is kept by itself, not by 0 >= top_p being false: a top_p below float32's
+    # least (5e-324, a valid request) is 0.0 against a float32 tensor, which would drop all.
+    dropped[..., 0] = False
+    sorted_probs = sorted_probs.masked_fill(dropped, 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 

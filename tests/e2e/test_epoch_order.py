@@ -100,7 +100,7 @@ def test_a_resume_that_changes_the_order_is_refused_in_one_line(straight, tmp_pa
     before = folder_digest(out)
     random = [a if a != "epoch" else "random" for a in args(out, "--resume")]
     for extra, says in [
-        ((), "order: 'epoch' -> 'random'"),
+        ((), "--order 'epoch' -> 'random'"),  # named as typed
         (("--allow-config-change",), "data order is epoch, this run's random"),
     ]:
         proc = octlm(*random, *extra, check=False)

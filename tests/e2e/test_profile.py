@@ -37,10 +37,10 @@ def test_a_run_stopped_inside_the_window_writes_what_it_saw(tiny_dataset, tmp_pa
     ("flags", "expected"),
     [
         (("--memory-snapshot",), "--memory-snapshot records CUDA's allocator; this run is on cpu"),
-        (("--profile-steps", "3:2"), "profile_steps '3:2' is not A:B"),
-        (("--profile-steps", "0:1"), "profile_steps '0:1' is not A:B"),
-        (("--profile-steps", f"2:{STEPS + 1}"), f"profile_steps '2:{STEPS + 1}' is not A:B"),
-        (("--profile-steps", "two"), "profile_steps 'two' is not A:B"),
+        (("--profile-steps", "3:2"), "--profile-steps '3:2' is not A:B"),
+        (("--profile-steps", "0:1"), "--profile-steps '0:1' is not A:B"),
+        (("--profile-steps", f"2:{STEPS + 1}"), f"--profile-steps '2:{STEPS + 1}' is not A:B"),
+        (("--profile-steps", "two"), "--profile-steps 'two' is not A:B"),
     ],
     ids=["snapshot-on-cpu", "backwards", "zero", "past-the-end", "not-numbers"],
 )

@@ -136,7 +136,7 @@ def test_a_collective_run_folder_resumes_on_its_own_reduction(
     refused = octlm(*args(tiny_dataset, out, "--accum", "4", "--reduction", "tree", "--resume"),
                     check=False)  # fmt: skip
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert "reduction: 'collective' -> 'tree'" in refused.stderr
+    assert "--reduction 'collective' -> 'tree'" in refused.stderr  # named as typed
     assert files() == before
     octlm(*args(tiny_dataset, out, "--accum", "4", "--resume"))
     assert end_hash(out) == end_hash(straight)

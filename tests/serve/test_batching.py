@@ -109,6 +109,8 @@ def test_top_p_keeps_the_likeliest_tokens_whose_mass_reaches_it() -> None:
     assert nucleus(probs, 0.7)[0].tolist() == [0.0, 0.5, probs[0, 2].item(), 0.0]
     assert int((nucleus(probs, 0.85) > 0).sum()) == 3  # 0.5 + 0.3 < 0.85: one of the 0.1s too
     assert nucleus(probs, 1e-9).tolist() == [[0.0, 0.5, 0.0, 0.0]]  # the first always stays
+    # found by tests/fuzz/test_serve_fuzz.py: a top_p that is 0.0 in float32 kept nothing
+    assert nucleus(probs, 5e-324).tolist() == [[0.0, 0.5, 0.0, 0.0]]
 
 
 def test_a_late_longer_prompt_joins_at_once_with_its_full_forward_bits(model) -> None:

@@ -6,7 +6,12 @@ import pytest
 
 from octlm.config.shape import PRESETS
 from octlm.config.train import TrainConfig
-from octlm.trainer.init_from import InitFromError, check_preset, check_shape_keys
+from octlm.trainer.init_from import (
+    InitFromError,
+    check_preset,
+    check_preset_shape,
+    check_shape_keys,
+)
 
 SOURCE = PRESETS["tiny"].to_dict()
 
@@ -22,9 +27,17 @@ def test_a_shape_key_that_contradicts_the_source_is_refused_naming_it():
         check_shape_keys(cfg, SOURCE)
 
 
-def test_a_preset_from_a_config_file_yields_to_the_source():
-    """check_preset only acts on a `--model` flag: without one it reads nothing (the source
-    named here does not exist), since a config file's preset yields to the source."""
-    check_preset(TrainConfig(init_from="no/such/source", model="tiny", context=64), None)
-    with pytest.raises(InitFromError, match="--init-from no/such/source does not exist"):
-        check_preset(TrainConfig(init_from="no/such/source", model="tiny", context=64), "tiny")
+def test_a_source_that_cannot_be_read_is_refused_before_any_run_with_or_without_a_preset_flag():
+    """check_preset reads the source whether or not a `--model` flag was typed (sweep and
+    verify-resume call it before their first run, so a missing source is one line, not a failed
+    run per setting); only a typed flag is then held to the source's shape."""
+    for flag in (None, "tiny"):
+        with pytest.raises(InitFromError, match="--init-from no/such/source does not exist"):
+            check_preset(TrainConfig(init_from="no/such/source", model="tiny", context=64), flag)
+
+
+def test_a_typed_preset_of_another_shape_than_the_source_is_refused():
+    other = {**SOURCE, "n_layers": SOURCE["n_layers"] + 2}
+    with pytest.raises(InitFromError, match="n_layers"):
+        check_preset_shape(TrainConfig(init_from="src", model="tiny", context=64), other)
+    check_preset_shape(TrainConfig(init_from="src", model="tiny", context=64), SOURCE)
