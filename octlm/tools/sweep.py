@@ -214,6 +214,24 @@ def write_summary(out: Path, rows: list[dict[str, Any]], failures: dict[str, str
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
+def planned(
+    base: TrainConfig, table: dict, grids: list[str], sets: list[str], repeats: int | None
+) -> list[RunSpec]:
+    """`plan_from`, a refused value named as the user typed it: `--grid lr=-1.0 ...`, changed
+    in that option (not in the settings file, whose key the value shares)."""
+    try:
+        return plan_from(base, table, grids=grids, sets=sets, repeats=repeats)
+    except QuotedError:
+        raise
+    except OctlmError as exc:
+        for option, given in (("--grid", grids), ("--set", sets)):
+            keys = {part.partition("=")[0].strip() for spec in given for part in spec.split(",")}
+            key = next((k for k in keys if k and exc.problem.startswith(f"{k}=")), None)
+            if key is not None:
+                raise QuotedError(f"{option} {exc.problem}", f"change {key} in {option}") from None
+        raise
+
+
 def run_sweep(
     base: TrainConfig,
     table: dict,
@@ -232,7 +250,7 @@ def run_sweep(
     if folder.exists() and not folder.is_dir():
         raise OctlmError(f"--out {shown_path(folder)} is a file", "choose a folder for the sweep")
     checks.check_processes("--jobs", jobs)
-    specs = plan_from(base, table, grids=grids, sets=sets, repeats=repeats)
+    specs = planned(base, table, grids, sets, repeats)
     sweep = Sweep(folder, base, specs, jobs)
     sweep.run()
     rows = sweep.summarise()

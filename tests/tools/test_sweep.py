@@ -13,10 +13,18 @@ import pytest
 
 from octlm.config.files import load_toml
 from octlm.config.train import ConfigError, TrainConfig
-from octlm.errors import OctlmError
+from octlm.errors import OctlmError, QuotedError
 from octlm.runlog.writer import RunLog
 from octlm.tools import subrun
-from octlm.tools.sweep import Sweep, final_val_loss, finished, gpu_slots, mark_noise, visible_gpus
+from octlm.tools.sweep import (
+    Sweep,
+    final_val_loss,
+    finished,
+    gpu_slots,
+    mark_noise,
+    planned,
+    visible_gpus,
+)
 from octlm.tools.sweep_plan import base_from, parse_assignments, parse_set, plan
 from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
 
@@ -206,3 +214,15 @@ def test_a_sweep_whose_runs_failed_finishes_the_others_and_exits_non_zero(
         "are skipped)"
     )
     assert finished(tmp_path / "sw" / "runs" / "lr=0.005-r0")
+
+
+def test_a_refused_grid_or_set_value_is_named_in_the_option_that_gave_it() -> None:
+    """A value the sweep's runs would refuse is named as typed: `--grid lr=-1.0`, changed in
+    --grid, not "in --config", though a settings file may set the same key (issue 62, kind 7)."""
+    base = TrainConfig(lr=3e-3)
+    for option, grids, sets in (("--grid", ["lr=-1,1e-3"], []), ("--set", [], ["lr=-1"])):
+        with pytest.raises(QuotedError) as caught:
+            planned(base, {}, grids, sets, None)
+        assert caught.value.problem.startswith(f"{option} lr=-1.0 must be a finite number > 0")
+        assert caught.value.fix == f"change lr in {option}"
+    assert len(planned(base, {}, ["lr=1e-3,2e-3"], [], None)) == 2  # control: good values plan
