@@ -5,6 +5,7 @@ from each other.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import torch
@@ -113,3 +114,12 @@ def export_run_args(data: Path, out: Path) -> list[str]:
     args += ["--steps", 40, "--warmup", 5, "--lr", "3e-3", "--dtype", "fp32", "--micro-batch", 4]
     args += ["--accum", 1, "--val-every", 1000, "--val-batches", 1, "--no-progress"]
     return [str(a) for a in args]
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess[str], expected: str) -> None:
+    """A refused command: non-zero, no traceback, one `octlm: error:` line holding `expected`."""
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("octlm: error: ") and expected in lines[0], lines[0]

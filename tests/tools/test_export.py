@@ -28,7 +28,7 @@ from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
 from tests import octlm_process
-from tests.tools.helpers import EXPORT_CONTEXT, export_run_args
+from tests.tools.helpers import EXPORT_CONTEXT, assert_one_error_line, export_run_args
 
 # Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).
 pytestmark = pytest.mark.slow
@@ -54,14 +54,6 @@ def octlm(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[
     if check and proc.returncode != 0:
         raise AssertionError(f"octlm {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
     return proc
-
-
-def assert_one_error_line(proc: subprocess.CompletedProcess[str], expected: str) -> None:
-    assert proc.returncode != 0, proc.stdout
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("octlm: error: ") and expected in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")

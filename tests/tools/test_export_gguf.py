@@ -28,7 +28,7 @@ from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
 from octlm.trainer import checkpoint as ckpt
 from tests.e2e import helpers
-from tests.tools.helpers import EXPORT_CONTEXT, export_run_args
+from tests.tools.helpers import EXPORT_CONTEXT, assert_one_error_line, export_run_args
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install 'octlm[gguf]')")
 pytestmark = pytest.mark.slow  # the exports start `python -m octlm`
@@ -40,13 +40,6 @@ LOGIT_TOLERANCE = 1e-3
 
 def octlm(*args: object, check: bool = True):
     return helpers.octlm(*map(str, args), check=check, timeout=300)
-
-
-def assert_one_error_line(proc, expected: str) -> None:
-    assert proc.returncode != 0, proc.stdout
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("octlm: error: "), proc.stderr
-    assert expected in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
