@@ -206,3 +206,14 @@ def test_the_serve_throughput_bench_runs_in_a_quick_mode(capsys) -> None:
     assert "same greedy tokens in octlm and transformers: True" in out
     assert "| octlm, 2 concurrent clients |" in out and "| transformers generate, batch 1 |" in out
     assert "octlm (one at a time) / transformers (batch 1): " in out
+
+
+def test_the_packed_products_bench_runs_in_a_quick_mode(capsys) -> None:
+    """bench/packed_products.py on the micro model, one round: a row of the table per row count,
+    each with both ways' times and their ratio."""
+    from bench.packed_products import main
+
+    main(["--preset", "micro", "--rounds", "1", "--rows", "1", "8"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "8"]
+    assert all(row.rstrip(" |").endswith("x") for row in rows[1:])

@@ -14,6 +14,7 @@ from octlm.generation.prompts import fit_prompts
 from octlm.model.exact import ExactCache, forward_exact
 from octlm.model.gpt import GPT
 from octlm.model.kvcache import KVCache, forward_cached
+from octlm.model.packed import PackedWeights
 from octlm.tokenizer.core import Tokenizer
 
 MAX_NEW_TOKENS = 2**20
@@ -170,9 +171,11 @@ def _left_padded_rows(
     pad = torch.tensor([longest - len(p) for p in prompts], device=device)
     rows = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
     cache = KVCache(model, len(prompts))
+    packed = PackedWeights()  # for this call only: the model may change after it
 
     def logits_of(step: int, ids: Tensor) -> Tensor:
-        return forward_cached(model, ids if step else rows, cache, pad=pad)[:, -1, :]
+        logits = forward_cached(model, ids if step else rows, cache, pad=pad, linear=packed.linear)
+        return logits[:, -1, :]
 
     return logits_of
 

@@ -16,6 +16,7 @@ the forward pass returns a masked loss *sum* plus a target count for exact gradi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,15 @@ from octlm.model.positions import (
 
 IGNORE_INDEX = -100
 """Targets equal to this are excluded from the loss (the data layer maps PAD targets to it)."""
+
+
+Linear = Callable[[Tensor, Tensor], Tensor]
+"""x @ weight.T computed another way than each `nn.Linear`'s forward (a decode's packed weights,
+`octlm/model/packed.py`); where a product is given as None, the module runs itself."""
+
+
+def project(module: nn.Linear, x: Tensor, linear: Linear | None) -> Tensor:
+    return module(x) if linear is None else linear(x, module.weight)
 
 
 class RMSNorm(nn.Module):
@@ -70,16 +80,22 @@ class Attention(nn.Module):
         self.qk_norm = config.qk_norm
 
     def qkv(
-        self, x: Tensor, cos: Tensor, sin: Tensor, first_values: Tensor | None = None
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        first_values: Tensor | None = None,
+        linear: Linear | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, T, D), keys and values (B, KV, T, D) of `x`, q and k normed (with
         qk_norm) and rotated: what the forward and the cached decoding (kvcache.py) attend with.
         With `first_values` (value_residual, every block after the first) the values are the
         mean of this block's and the first block's."""
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q = project(self.wq, x, linear).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = project(self.wk, x, linear).view(B, T, KV, D).transpose(1, 2)  # (B, KV, T, D)
+        v = project(self.wv, x, linear).view(B, T, KV, D).transpose(1, 2)  # (B, KV, T, D)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if first_values is not None:
@@ -123,8 +139,9 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(config.d_model, config.d_ff, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.resid_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+    def forward(self, x: Tensor, linear: Linear | None = None) -> Tensor:
+        hidden = F.silu(project(self.w1, x, linear)) * project(self.w3, x, linear)
+        return self.resid_dropout(project(self.w2, hidden, linear))
 
 
 class Block(nn.Module):
@@ -250,10 +267,10 @@ class GPT(nn.Module):
             )
         return lm_loss(logits, targets, z_loss)
 
-    def output(self, h: Tensor) -> Tensor:
+    def output(self, h: Tensor, linear: Linear | None = None) -> Tensor:
         """Logits (B, T, V) of the last block's hidden states: the final norm, the tied output
         layer, and the soft cap when set."""
-        logits = F.linear(self.norm(h), self.tok_embeddings.weight)  # tied output layer
+        logits = (linear or F.linear)(self.norm(h), self.tok_embeddings.weight)  # tied output
         if self.config.logit_softcap > 0:
             cap = self.config.logit_softcap  # in float32: tanh near its knee wants the precision
             logits = cap * torch.tanh(logits.float() / cap)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from octlm.model.gpt import GPT, Attention
+from octlm.model.gpt import GPT, Attention, Linear, project
 
 
 class KVCache:
@@ -39,14 +39,20 @@ class KVCache:
 
 @torch.no_grad()
 def forward_cached(
-    model: GPT, ids: Tensor, cache: KVCache, last_only: bool = True, pad: Tensor | None = None
+    model: GPT,
+    ids: Tensor,
+    cache: KVCache,
+    last_only: bool = True,
+    pad: Tensor | None = None,
+    linear: Linear | None = None,
 ) -> Tensor:
     """Logits for `ids` (B, T), the next T positions of each row in `cache`, which then holds
     them too: (B, 1, V) for the last position with `last_only`, else (B, T, V).
 
     `pad` (B,), for a batch of prompts of different lengths: row b's first pad[b] positions
     are left padding, which no real position attends to and which RoPE does not count, so
-    each row is computed as it would be alone (up to the rounding of a masked kernel)."""
+    each row is computed as it would be alone (up to the rounding of a masked kernel).
+    `linear`, where given, computes every weight product (`octlm/model/packed.py`)."""
     n = ids.shape[1]
     if n > cache.room():
         raise ValueError(f"{n} more positions do not fit: the cache has room for {cache.room()}")
@@ -61,13 +67,15 @@ def forward_cached(
     first: Tensor | None = None  # the first block's values of these positions (value_residual)
     for i, layer in enumerate(model.layers):
         x = layer.attention_norm(h)
-        attended, values = _attend(layer.attention, x, cos, sin, cache, i, start, mask, first)
+        attended, values = _attend(
+            layer.attention, x, (cos, sin), cache, i, start, mask, first, linear
+        )
         if model.config.value_residual and first is None:
             first = values
         h = h + attended
-        h = h + layer.feed_forward(layer.ffn_norm(h))
+        h = h + layer.feed_forward(layer.ffn_norm(h), linear)
     cache.length = end
-    return model.output(h[:, -1:] if last_only else h)
+    return model.output(h[:, -1:] if last_only else h, linear)
 
 
 def padded_causal_mask(pad: Tensor, start: int, end: int) -> Tensor:
@@ -83,18 +91,18 @@ def padded_causal_mask(pad: Tensor, start: int, end: int) -> Tensor:
 def _attend(
     attn: Attention,
     x: Tensor,
-    cos: Tensor,
-    sin: Tensor,
+    rope: tuple[Tensor, Tensor],
     cache: KVCache,
     layer: int,
     start: int,
     mask: Tensor | None,
     first_values: Tensor | None,
+    linear: Linear | None,
 ) -> tuple[Tensor, Tensor]:
     """`Attention.forward` for positions start.. of each row, over the cached ones before: its
     output and the new positions' values."""
     B, T, _ = x.shape
-    q, k, v = attn.qkv(x, cos, sin, first_values)
+    q, k, v = attn.qkv(x, *rope, first_values, linear)
     end = start + T
     cache.keys[layer][:, :, start:end] = k
     cache.values[layer][:, :, start:end] = v
@@ -109,4 +117,4 @@ def _attend(
         mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
     y = y.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim)
-    return attn.wo(y), v
+    return project(attn.wo, y, linear), v

@@ -8,8 +8,9 @@ in the batch. A seeded request decodes here, so its tokens and log-probabilities
 what it gets alone and what `octlm generate --seed` gives. Newcomers are prefilled together in
 one forward pass and join at any step.
 
-`PlainBatch` is the plain cached path (`octlm/model/kvcache.py`), faster (docs/performance.md,
-"Exact decode"; docs/serve.md, throughput) and equal to the exact one only to float rounding:
+`PlainBatch` is the plain cached path (`octlm/model/kvcache.py`, its products from weights
+packed once, `octlm/model/packed.py`), faster (docs/performance.md, "Exact decode"; docs/serve.md,
+throughput) and equal to the exact one only to float rounding:
 for requests without a seed, which promise no particular draw. Its cache holds one length for
 all rows, so a newcomer's prompt is prefilled alone and copied in right-aligned to the batch's
 length L with left padding (masked, and not counted by RoPE): it joins when its prompt fits
@@ -26,6 +27,7 @@ from torch import Tensor
 from octlm.model.exact import ExactCache, forward_exact
 from octlm.model.gpt import GPT
 from octlm.model.kvcache import KVCache, forward_cached
+from octlm.model.packed import PackedWeights
 
 
 class HasPrompt(Protocol):
@@ -93,6 +95,7 @@ class PlainBatch:
 
     def __init__(self, model: GPT) -> None:
         self.model, self.context = model, model.config.context
+        self.packed = PackedWeights()  # for the server's life: the model never changes
         self.device = next(model.parameters()).device
         self.rows: list[Any] = []
         self.pads: list[int] = []
@@ -134,13 +137,15 @@ class PlainBatch:
     def prefill(self, row: Any) -> tuple[KVCache, Tensor]:
         alone = KVCache(self.model, 1)
         ids = torch.tensor([row.prompt], dtype=torch.long, device=self.device)
-        return alone, forward_cached(self.model, ids, alone)[:, -1, :].float()
+        logits = forward_cached(self.model, ids, alone, linear=self.packed.linear)
+        return alone, logits[:, -1, :].float()
 
     def advance(self) -> None:
         assert self.cache is not None
         ids = torch.tensor([[row.last] for row in self.rows], device=self.device)
         pad = torch.tensor(self.pads, device=self.device) if any(self.pads) else None
-        self.logits = forward_cached(self.model, ids, self.cache, pad=pad)[:, -1, :].float()
+        logits = forward_cached(self.model, ids, self.cache, pad=pad, linear=self.packed.linear)
+        self.logits = logits[:, -1, :].float()
 
     def drop(self, done: list[int]) -> None:
         keep = [b for b in range(len(self.rows)) if b not in set(done)]
