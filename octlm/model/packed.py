@@ -8,14 +8,15 @@ matrix-vector product, which streams well, but for 2..32 rows it copies each wei
 own panel layout on every call: measured on `small`'s products in a decode's order (every
 layer's, then the 32768 x 384 head), 1 thread, the chain costs 6.3 ms at 1 row and 16-17 ms
 at 8 rows, against 10.5-10.8 ms at 8 rows from weights packed once (docs/performance.md,
-"Packed weights for the plain batch"). From 4 rows on the packed product is the faster one;
-below, each row count keeps `F.linear`.
+"Packed weights for the plain batch"). From 4 rows on, for a weight of `MIN_WEIGHT` elements
+or more, the packed product is the faster one; elsewhere `F.linear` stays (oneDNN's call costs
+more, which a small weight never wins back).
 
 The results equal `F.linear`'s to float rounding (another kernel, another summation order),
 not bit for bit: this is for the plain path only, which promises no particular bits. The exact
 path (`octlm/model/exact.py`) keeps its own fixed tiles. A packed copy of every weight lives as
 long as its `PackedWeights` (a server's life, one `generate_batch` call): the model's weights
-must not change meanwhile, and the copy costs as much memory as the weights.
+must not change meanwhile, and the copy costs as much memory as the weights it packs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from torch import Tensor
 MIN_ROWS = 4
 """Fewest rows a product runs packed (below, `F.linear` is as fast or faster: the module's
 docstring)."""
+MIN_WEIGHT = 1 << 19
+"""Fewest elements a weight runs packed: oneDNN's call costs 10-15 us more than MKL's, which a
+small weight (one that MKL's per-call copy keeps in cache) never wins back. Measured at 8 rows,
+1 thread: 384 x 384 1.58x F.linear's time, 384 x 1024 1.25x, 2048 x 384 0.75x, 4096 x 192 0.64x,
+32768 x 384 0.46x (docs/performance.md, "Packed weights for the plain batch")."""
 PACKED_FOR = 8
 """The row count oneDNN is told to pack for; any row count runs on the packing."""
 
@@ -43,7 +49,8 @@ def packable(weight: Tensor) -> bool:
 
 class PackedWeights:
     """`linear(x, weight)` = `F.linear(x, weight)`, from a packed copy of `weight` (made at its
-    first use) when x holds `MIN_ROWS` rows or more and the weight is `packable`."""
+    first use) when x holds `MIN_ROWS` rows or more and the weight is `packable` with
+    `MIN_WEIGHT` elements or more."""
 
     def __init__(self) -> None:
         self.packs: dict[int, Tensor] = {}
@@ -52,7 +59,7 @@ class PackedWeights:
 
     def linear(self, x: Tensor, weight: Tensor) -> Tensor:
         rows = x.numel() // x.shape[-1]
-        if self.broken or rows < MIN_ROWS or not packable(weight):
+        if self.broken or rows < MIN_ROWS or weight.numel() < MIN_WEIGHT or not packable(weight):
             return F.linear(x, weight)
         packed = self.packs.get(id(weight))
         try:

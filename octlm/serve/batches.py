@@ -10,11 +10,11 @@ one forward pass and join at any step.
 
 `PlainBatch` is the plain cached path (`octlm/model/kvcache.py`, its products from weights
 packed once, `octlm/model/packed.py`), faster (docs/performance.md, "Exact decode"; docs/serve.md,
-throughput) and equal to the exact one only to float rounding:
-for requests without a seed, which promise no particular draw. Its cache holds one length for
-all rows, so a newcomer's prompt is prefilled alone and copied in right-aligned to the batch's
-length L with left padding (masked, and not counted by RoPE): it joins when its prompt fits
-behind L and its reply in front of it within the context, and otherwise waits.
+throughput) and equal to the exact one only to float rounding: for requests without a seed,
+which promise no particular draw. Its cache holds one length for all rows, so newcomers'
+prompts are prefilled together, left-padded to the longest, and copied in right-aligned to the
+batch's length L with left padding (masked, and not counted by RoPE): a newcomer joins when its
+prompt fits behind L and its reply in front of it within the context, and otherwise waits.
 """
 
 from __future__ import annotations
@@ -109,36 +109,41 @@ class PlainBatch:
         return len(row.prompt) <= length and length + row.max_tokens <= self.context
 
     def join(self, rows: list[Any]) -> None:
-        """Prefill each row's prompt alone, then add the rows right-aligned to the batch's
-        length: one concatenation per layer for them all (one per row copied the whole cache
-        once per newcomer, which cost seconds when 32 requests came at once)."""
-        prefilled = [(row, *self.prefill(row)) for row in rows]
-        if self.cache is None:  # a new batch, at its first row's length
-            row, alone, logits = prefilled.pop(0)
-            self.cache, self.logits, self.rows, self.pads = alone, logits, [row], [0]
-        if not prefilled:
+        """Prefill the newcomers' prompts in one forward pass (left-padded to the longest), then
+        add their rows right-aligned to the batch's length: one concatenation per layer for them
+        all (one per row copied the whole cache once per newcomer, which cost seconds when 32
+        requests came at once). A new batch starts at its longest newcomer's length."""
+        fresh, logits, pads = self.prefill(rows)
+        if self.cache is None:
+            self.cache, self.logits, self.rows, self.pads = fresh, logits, list(rows), pads
             return
         assert self.logits is not None
-        length = self.cache.length
-        for _, alone, _ in prefilled:  # right-align each row's n positions to the batch's
-            n = alone.length
-            for t in (*alone.keys, *alone.values):
-                t[:, :, length - n : length] = t[:, :, :n].clone()
-                t[:, :, : length - n] = 0
-        caches = [alone for _, alone, _ in prefilled]
+        length, n = self.cache.length, fresh.length
+        for t in (*fresh.keys, *fresh.values):  # shift the block's n positions to end at length
+            t[:, :, length - n : length] = t[:, :, :n].clone()
+            t[:, :, : length - n] = 0
         for layer in range(len(self.cache.keys)):
             keys, values = self.cache.keys[layer], self.cache.values[layer]
-            self.cache.keys[layer] = torch.cat([keys, *(c.keys[layer] for c in caches)])
-            self.cache.values[layer] = torch.cat([values, *(c.values[layer] for c in caches)])
-        self.logits = torch.cat([self.logits, *(logits for _, _, logits in prefilled)])
-        self.rows += [row for row, _, _ in prefilled]
-        self.pads += [length - c.length for c in caches]
+            self.cache.keys[layer] = torch.cat([keys, fresh.keys[layer]])
+            self.cache.values[layer] = torch.cat([values, fresh.values[layer]])
+        self.logits = torch.cat([self.logits, logits])
+        self.rows += rows
+        self.pads += [pad + length - n for pad in pads]
 
-    def prefill(self, row: Any) -> tuple[KVCache, Tensor]:
-        alone = KVCache(self.model, 1)
-        ids = torch.tensor([row.prompt], dtype=torch.long, device=self.device)
-        logits = forward_cached(self.model, ids, alone, linear=self.packed.linear)
-        return alone, logits[:, -1, :].float()
+    def prefill(self, rows: list[Any]) -> tuple[KVCache, Tensor, list[int]]:
+        """The rows' prompts left-padded to the longest, through the cache in one pass: the
+        cache, each row's next-token logits (rows, V) and its padding."""
+        longest = max(len(row.prompt) for row in rows)
+        pads = [longest - len(row.prompt) for row in rows]
+        ids = torch.tensor(
+            [[0] * pad + row.prompt for pad, row in zip(pads, rows, strict=True)],
+            dtype=torch.long,
+            device=self.device,
+        )
+        fresh = KVCache(self.model, len(rows))
+        pad = torch.tensor(pads, device=self.device) if any(pads) else None
+        logits = forward_cached(self.model, ids, fresh, pad=pad, linear=self.packed.linear)
+        return fresh, logits[:, -1, :].float(), pads
 
     def advance(self) -> None:
         assert self.cache is not None

@@ -157,3 +157,38 @@ def test_seeded_rows_decode_exactly_beside_unseeded_ones_on_the_plain_path(model
     for k, row in enumerate(plain):  # greedy plain rows: every token, then their end
         assert len(tokens(got[1 + k])) == row.max_tokens and got[1 + k][-1] == End("length")
     assert_alone_bits(model, prompt, got[0], max_tokens=12, seed=3)
+
+
+def test_plain_rows_prefilled_together_and_joining_keep_their_own_logits(model) -> None:
+    """Unseeded rows of different prompt lengths prefilled in one left-padded pass, then shorter
+    ones joining the running batch right-aligned: every token's log-probability is the one its
+    whole sequence's full forward alone gives (to float rounding: the plain path), and greedy
+    picks its argmax. A row copied to the wrong slots or rotated at the wrong positions would
+    be far off (the control: the same tokens scored one position off)."""
+    events: queue.Queue = queue.Queue()
+    scheduler = Scheduler(model, max_batch=8)
+    prompts = [[3, 9, 4], [7, 1, 8, 2, 6, 5, 9], [2, 2, 5, 1, 3], [4, 6], [8, 3, 1, 7]]
+    rows = [
+        Row(p, 10, lambda e, k=k: events.put((k, e)), logprobs=0, exact=False)
+        for k, p in enumerate(prompts)
+    ]
+    scheduler.submit(rows[:3])
+    scheduler.step()  # stepped here, not on its thread: the last two join the running batch
+    scheduler.submit(rows[3:])
+    while scheduler.running() or scheduler.waiting:
+        scheduler.step()
+    got = collect(rows, events)
+    assert scheduler.widest == 5  # the joiners decoded in the same batch as the first three
+    off = 0.0
+    for k, prompt in enumerate(prompts):
+        drawn = [e for e in got[k] if isinstance(e, Token)]
+        assert len(drawn) == 10
+        sequence = torch.tensor([prompt + [e.id for e in drawn]])
+        with torch.no_grad():
+            full = torch.log_softmax(model(sequence)[0].float(), dim=-1)
+        for i, event in enumerate(drawn):
+            at = full[len(prompt) - 1 + i]
+            assert abs(event.logprob - float(at[event.id])) < 1e-4
+            assert float(at.max()) - float(at[event.id]) < 1e-4  # greedy: the argmax
+            off = max(off, abs(event.logprob - float(full[len(prompt) - 2 + i, event.id])))
+    assert off > 1e-2
