@@ -147,6 +147,7 @@ def test_rl_settings_print_and_read_back_or_are_refused(tmp_path_factory, values
     assert again == cfg and sectioned_toml(again) == printed
 
 
+@pytest.mark.slow  # real commands, each a process
 @pytest.mark.parametrize(
     "args",
     [

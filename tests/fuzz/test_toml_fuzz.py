@@ -15,6 +15,7 @@ from tests.fuzz.harness import fuzz_count
 from tests.fuzz.toml_inputs import run, shipped_configs, toml_variants
 
 
+@pytest.mark.slow  # 200 variants through `octlm train --print-config` (in process): 4 s
 def test_malformed_configs_are_printed_or_refused_in_one_line(tmp_path: Path) -> None:
     failures = run(seed=0, n=fuzz_count(200), root=tmp_path)
     assert not failures, "\n".join(failures[:10])

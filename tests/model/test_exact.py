@@ -35,6 +35,7 @@ def ids_of(n: int, seed: int, batch: int = 1) -> torch.Tensor:
     return torch.randint(0, 4096, (batch, n), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow  # 16 batches x positions x paddings: 8-12 s, out of the fast lane
 @pytest.mark.parametrize("dtype", DTYPES)
 @torch.no_grad()
 def test_a_needle_row_has_its_bits_alone_in_every_batch_row_and_padding(dtype) -> None:

@@ -104,6 +104,7 @@ def test_rl_config_refuses_missing_source_task_and_unknown_keys():
         RLConfig(source="runs/ft", task="count", steps=4, stop_at=9)
 
 
+@pytest.mark.slow  # two real commands
 def test_the_seed_past_json_is_refused_by_rl_as_by_train(tmp_path):
     """One line, the same words, nothing written (the source need not even exist: settings are
     checked before anything is read)."""

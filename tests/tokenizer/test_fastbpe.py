@@ -51,6 +51,7 @@ def encoder(tiny_tokenizer) -> DocumentEncoder:
 
 
 # -- (a) the whole corpus -------------------------------------------------------------------------
+@pytest.mark.slow  # the whole corpus through both tokenizers: 5 s
 def test_fast_ids_equal_hf_ids_on_every_document_of_the_embedded_corpus(
     tiny_tokenizer, corpus_docs
 ):
@@ -146,6 +147,7 @@ def test_prepare_writes_hf_ids_with_the_crafted_vocabulary(tmp_path, crafted):
 
 
 # -- (c) prepare: fast path on and off ------------------------------------------------------------
+@pytest.mark.slow  # two prepares of the corpus: 6-10 s
 def test_prepare_shards_are_byte_identical_with_the_fast_path_on_and_off(
     tmp_path, monkeypatch, embedded_4096
 ):
