@@ -13,7 +13,7 @@ from octlm.errors import OctlmError
 from octlm.generation.prompts import fit_prompts
 from octlm.model.exact import ExactCache, forward_exact
 from octlm.model.gpt import GPT
-from octlm.model.kvcache import KVCache, forward_cached
+from octlm.model.kvcache import KVCache, forward_cached, left_padded
 from octlm.model.packed import PackedWeights
 from octlm.tokenizer.core import Tokenizer
 
@@ -167,9 +167,7 @@ def _left_padded_rows(
 ) -> Callable[[int, Tensor], Tensor]:
     """The next logits (B, V) at each step of a batch: the prompts left-padded to one length
     (step 0), then each row's last token (B, 1) through the cache."""
-    longest = max(len(p) for p in prompts)
-    pad = torch.tensor([longest - len(p) for p in prompts], device=device)
-    rows = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)
+    rows, pad = left_padded(prompts, device)
     cache = KVCache(model, len(prompts))
     packed = PackedWeights()  # for this call only: the model may change after it
 

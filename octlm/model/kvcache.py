@@ -78,6 +78,15 @@ def forward_cached(
     return model.output(h[:, -1:] if last_only else h, linear)
 
 
+def left_padded(prompts: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """The prompts as one batch (B, longest), each left-padded with id 0, and each row's padding
+    (B,): what `forward_cached` takes as `ids` and `pad` to prefill them together."""
+    longest = max(len(p) for p in prompts)
+    pad = [longest - len(p) for p in prompts]
+    rows = [[0] * n + p for n, p in zip(pad, prompts, strict=True)]
+    return torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(pad, device=device)
+
+
 def padded_causal_mask(pad: Tensor, start: int, end: int) -> Tensor:
     """(B, 1, end - start, end), True where the query at each position start..end-1 may attend:
     itself and the earlier positions that are not padding. A padding query attends to itself

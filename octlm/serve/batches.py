@@ -26,7 +26,7 @@ from torch import Tensor
 
 from octlm.model.exact import ExactCache, forward_exact
 from octlm.model.gpt import GPT
-from octlm.model.kvcache import KVCache, forward_cached
+from octlm.model.kvcache import KVCache, forward_cached, left_padded
 from octlm.model.packed import PackedWeights
 
 
@@ -133,17 +133,11 @@ class PlainBatch:
     def prefill(self, rows: list[Any]) -> tuple[KVCache, Tensor, list[int]]:
         """The rows' prompts left-padded to the longest, through the cache in one pass: the
         cache, each row's next-token logits (rows, V) and its padding."""
-        longest = max(len(row.prompt) for row in rows)
-        pads = [longest - len(row.prompt) for row in rows]
-        ids = torch.tensor(
-            [[0] * pad + row.prompt for pad, row in zip(pads, rows, strict=True)],
-            dtype=torch.long,
-            device=self.device,
-        )
+        ids, pad = left_padded([row.prompt for row in rows], self.device)
         fresh = KVCache(self.model, len(rows))
-        pad = torch.tensor(pads, device=self.device) if any(pads) else None
-        logits = forward_cached(self.model, ids, fresh, pad=pad, linear=self.packed.linear)
-        return fresh, logits[:, -1, :].float(), pads
+        mask = pad if bool(pad.any()) else None  # prompts of one length: the causal kernel
+        logits = forward_cached(self.model, ids, fresh, pad=mask, linear=self.packed.linear)
+        return fresh, logits[:, -1, :].float(), pad.tolist()
 
     def advance(self) -> None:
         assert self.cache is not None
