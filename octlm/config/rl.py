@@ -39,6 +39,11 @@ from octlm.config.rules import (
 from octlm.config.run import device_problem, profile_problem, profile_window, trackers_problem
 from octlm.config.train import FIELDS as TRAIN_FIELDS
 
+EXACT_KERNELS = (1, 2)
+"""The exact path's product kernels by version (`octlm/model/exact_products.py`): 1, MKL's
+product in tiles of 2 rows; 2, oneDNN's over a packed weight, every row in one call."""
+EXACT_KERNEL = 2
+"""The version a new run (and every generate, eval and server call) computes with."""
 SAMPLERS = ("exact", "plain")
 """`sampler`'s values; a run folder without the key sampled on the plain path."""
 MAX_GROUP = 4096
@@ -86,6 +91,11 @@ class PolicySettings:
     """Run the update's forward on the rollouts' exact path (float32, no dropout), so each
     sampled token's log-prob is bit for bit the one it was drawn with: the step's
     logprob_diff reads 0.0 (docs/exactness.md, "Exact in use")."""
+    exact_kernel: int | None = new_trajectory(None, checks.Int(1, EXACT_KERNELS[-1]))
+    """The exact path's product kernel (1: MKL's tiles of 2 rows, 2: oneDNN's packed product),
+    whose bits the exact sampler and the on-policy update compute. Unset: the newest for a new
+    run, the run's own for a resume (1 for a run written before the key), so a run keeps its
+    own bits."""
     steps: int = same_as_training("steps", 100)
     """RL steps: the learning rate reaches 0 at the last."""
     lr: float = same_as_training("lr", 1e-4)
@@ -112,7 +122,8 @@ class PolicySettings:
         """How a reply is sampled, rollout or held-out: `generate`'s keywords (unset sampler:
         exact, a new run's)."""
         keys = {k: getattr(self, k) for k in ("max_new_tokens", "temperature", "top_k")}
-        return {**keys, "exact": self.sampler != "plain"}
+        exact = self.sampler != "plain"
+        return {**keys, "exact": exact, "kernel": self.exact_kernel or EXACT_KERNEL}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -205,11 +216,13 @@ KEY_ORDER = (
     *("source", "task", "out", "prompts", "samples", "max_new_tokens", "temperature", "top_k"),
     "on_policy",
     "sampler",
+    "exact_kernel",
     *("steps", "lr", "grad_clip", "seed", "eval_every", "eval_prompts", "pass_k", "ckpt_every"),
     *("keep_last", "stop_at", "resume", "log_to", "progress", "device", "dist_timeout"),
     *("skip_nonfinite", "hash_every", "profile_steps"),
 )
-ADDED_KEYS = ("on_policy", "sampler", "skip_nonfinite", "hash_every", "profile_steps")
+ADDED_KEYS = ("on_policy", "sampler", "exact_kernel", "skip_nonfinite", "hash_every")
+ADDED_KEYS += ("profile_steps",)
 """Keys added after RL runs existed: `to_dict()` records one only when it is not at its
 default, so what an RL run records of its settings stays the bytes it always was unless the
 run uses them (they decide no bit of the trajectory)."""
@@ -290,17 +303,22 @@ class RLConfig:
             out["on_policy"] = True
         if self.policy.sampler == "exact":  # absent: plain, as every run before the key sampled
             out["sampler"] = "exact"
+        kernel = self.policy.exact_kernel
+        if kernel not in (None, 1) and (self.policy.on_policy or self.policy.sampler == "exact"):
+            out["exact_kernel"] = kernel  # absent: 1, the kernel of every run before the key
         return out
 
     def resolved(self, recorded: Mapping[str, Any] | None) -> RLConfig:
-        """The sampler settled: a new run's (`recorded` None) exact unless set; a resume's the
-        one its checkpoint's trajectory `recorded` (absent: plain) unless set, which the resume
-        check then compares."""
-        if self.policy.sampler is not None:
-            return self
-        if recorded is None:
-            return self.replace(sampler="exact")
-        return self.replace(sampler=recorded.get("sampler", "plain"))
+        """The sampler and the exact kernel settled: a new run's (`recorded` None) exact and
+        the newest kernel unless set; a resume's those its checkpoint's trajectory `recorded`
+        (absent: plain, kernel 1) unless set, which the resume check then compares."""
+        changes: dict[str, Any] = {}
+        if self.policy.sampler is None:
+            changes["sampler"] = "exact" if recorded is None else recorded.get("sampler", "plain")
+        if self.policy.exact_kernel is None:
+            old = EXACT_KERNEL if recorded is None else recorded.get("exact_kernel", 1)
+            changes["exact_kernel"] = old
+        return self.replace(**changes) if changes else self
 
     def fingerprint(self, source: dict[str, Any]) -> str:
         """sha256 of the trajectory and the source model's identity (`source`)."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from octlm.config.rl import EXACT_KERNEL
 from octlm.errors import OctlmError
 from octlm.generation.prompts import fit_prompts
 from octlm.model.exact import ExactCache, forward_exact
@@ -67,18 +68,20 @@ def generate(
     stop_id: int | None = None,
     cache: bool = True,
     exact: bool = EXACT,
+    kernel: int = EXACT_KERNEL,
 ) -> list[int]:
     """Continue `prompt_ids`; temperature 0 is greedy. Returns only the new ids. With `cache`
     (the default) each new token runs the model over itself only (`octlm/model/kvcache.py`);
     without, over the whole context again, which gives the same tokens, slower. With `exact`
     (`octlm/model/exact.py`) every token's logits are the bits the full forward of the sequence
-    gives there, cached or not, alone or in a batch."""
+    gives there, cached or not, alone or in a batch; `kernel` is its products' version (an RL
+    run's own, `octlm/model/exact_products.py`)."""
     if not prompt_ids:
         raise ValueError("the prompt must hold at least one token")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    logits_of = Continuation(model, cache, exact)
+    logits_of = Continuation(model, cache, exact, kernel)
     new: list[int] = []
     # Dropout in train mode would draw from the global RNG and make a sample irreproducible.
     was_training = model.training
@@ -108,6 +111,7 @@ def generate_batch(
     seeds: Sequence[int] | None = None,
     exact: bool = EXACT,
     logprobs: list[list[float]] | None = None,
+    kernel: int = EXACT_KERNEL,
 ) -> list[list[int]]:
     """`generate` of each prompt, in one batch: the prompts left-padded to one length, each row
     sampling from a generator of its own seeded with `seed` (or row i with `seeds[i]`: several
@@ -126,7 +130,7 @@ def generate_batch(
         raise ValueError(f"{len(row_seeds)} seeds for {len(prompts)} prompts")
     longest = max((len(p) for p in prompts), default=0)
     if len(prompts) < 2 or longest + max_new_tokens > model.config.context:
-        sampling = {"temperature": temperature, "top_k": top_k}
+        sampling = {"temperature": temperature, "top_k": top_k, "kernel": kernel}
         return [
             generate(model, p, max_new_tokens, stop_id=stop_id, seed=s, exact=exact, **sampling)
             for p, s in zip(prompts, row_seeds, strict=True)
@@ -134,7 +138,10 @@ def generate_batch(
     if min(len(p) for p in prompts) == 0:
         raise ValueError("every prompt must hold at least one token")
     device = next(model.parameters()).device
-    logits_of = (_exact_rows if exact else _left_padded_rows)(model, prompts, device)
+    if exact:
+        logits_of = _exact_rows(model, prompts, device, kernel)
+    else:
+        logits_of = _left_padded_rows(model, prompts, device)
     generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds]
     new: list[list[int]] = [[] for _ in prompts]
     live = set(range(len(prompts)))
@@ -179,7 +186,7 @@ def _left_padded_rows(
 
 
 def _exact_rows(
-    model: GPT, prompts: list[list[int]], device: torch.device
+    model: GPT, prompts: list[list[int]], device: torch.device, kernel: int
 ) -> Callable[[int, Tensor], Tensor]:
     """`_left_padded_rows` on the exact path: the prompts padded on the right, each row at its
     own positions (row b's new token n at position len(prompt b) + n), so its keys and queries
@@ -187,7 +194,7 @@ def _exact_rows(
     longest = max(len(p) for p in prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     rows = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], device=device)
-    cache = ExactCache(model, len(prompts))
+    cache = ExactCache(model, len(prompts), kernel)
 
     def logits_of(step: int, ids: Tensor) -> Tensor:
         if not step:
@@ -240,12 +247,15 @@ class Continuation:
     `exact`, the logits are the exact path's (`octlm/model/exact.py`): the same bits cached or
     not."""
 
-    def __init__(self, model: GPT, cache: bool, exact: bool = EXACT) -> None:
+    def __init__(
+        self, model: GPT, cache: bool, exact: bool = EXACT, kernel: int = EXACT_KERNEL
+    ) -> None:
         self.model = model
         self.exact = exact
+        self.kernel = kernel
         self.cache: KVCache | ExactCache | None = None
         if cache:
-            self.cache = ExactCache(model, 1) if exact else KVCache(model, 1)
+            self.cache = ExactCache(model, 1, kernel) if exact else KVCache(model, 1)
 
     def __call__(self, ids: Tensor) -> Tensor:
         context = self.model.config.context
@@ -268,7 +278,8 @@ class Continuation:
             logits = forward_exact(self.model, ids[:, held:], self.cache, start, at=last - held)
             self.cache.length = ids.shape[1]  # after the forward: an interrupted call is redone
             return logits[:, -1, :].float()
-        return forward_exact(self.model, ids[:, -context:], at=last)[:, -1, :].float()
+        logits = forward_exact(self.model, ids[:, -context:], at=last, kernel=self.kernel)
+        return logits[:, -1, :].float()
 
 
 def generate_text(

@@ -15,9 +15,9 @@ size, the full forward), nor on the micro-batch an evaluation runs. Measured on 
   which some are masked (left padding), sums in another order than the causal kernel over the
   whole sequence (2e-8 on an attention output).
 
-So here every matrix product has one shape per weight: the rows are cut into tiles of `ROWS`
-(the last one zero-padded) and each tile is its own product, whose rows MKL computes without
-regard to the other rows of the tile or the position in it (checked). Attention is written
+So here every matrix product gives a row the same bits whatever the other rows
+(`octlm/model/exact_products.py`: oneDNN's product over a packed weight, or MKL's in fixed
+tiles of 2 rows, by the kernel version asked for). Attention is written
 out: a query's scores against keys in tiles of `KEYS` (a (QUERIES, D) x (D, KEYS) product per
 query tile and key tile), keys past the query masked to -inf, the max over every key, the
 exponentials, each key tile's sum, and the tiles' partial sums and value products added in key
@@ -40,15 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from octlm.config.rl import EXACT_KERNEL
+from octlm.model.exact_products import padded_rows, product, tiled_linear
 from octlm.model.gpt import GPT, Attention
 from octlm.model.positions import apply_rope
 
-ROWS = 2
-"""Rows of every weight product's tile. In float32 on CPU a tile is MKL's product with the
-weight packed once for 2 rows (`product`): measured at 1 thread on `small`'s layer shapes, about
-what MKL's 1-row product costs, so a decode at batch 1 pays little; a batch of 8 is 4 tiles
-(the plain path's one 8-row product is cheaper per row). 4-row tiles cost batch 1 more and
-batch 8 less (docs/performance.md, "Exact decode")."""
 QUERIES = 4
 """Query rows of an attention tile: the query heads that share a key/value head, at each
 position (a decode step of `tiny` or `small`, 3 heads a group, fills 3 of the 4)."""
@@ -58,74 +54,15 @@ QUERY_TILES = 32
 """Query tiles computed together (bounds the score tensor's memory; changes no bit)."""
 
 
-def padded_rows(n: int) -> int:
-    return -(-n // ROWS) * ROWS
-
-
-def can_pack(weight: Tensor) -> bool:
-    """MKL's packed product serves float32 on CPU without autocast; elsewhere a plain product
-    per tile (its own bits, as fixed in shape)."""
-    return (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and not torch.is_autocast_enabled("cpu")
-        and torch.backends.mkl.is_available()
-    )
-
-
-class PackedProduct(torch.autograd.Function):
-    """The packed tiles' product, differentiable: the forward is the inference path's (so the
-    RL update's log-probs are the rollout's bits), the backward plain matrix products."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, mkl: Tensor) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        out = [torch.ops.mkl._mkl_linear(t, mkl, weight, None, ROWS) for t in x.split(ROWS)]
-        return out[0] if len(out) == 1 else torch.cat(out)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        x, weight = ctx.saved_tensors
-        return grad @ weight, grad.t() @ x, None
-
-
-def product(x: Tensor, weights: tuple[Tensor, ...], packs: dict[int, Any]) -> Tensor:
-    """x @ cat(weights).T for x (M, K), M a multiple of ROWS, one product of ROWS rows per
-    tile. Weights sharing an input (wq, wk, wv; w1, w3) are one product (fewer calls). The
-    joined weight, packed for MKL where `can_pack`, is kept in `packs` (an `ExactCache`'s, for
-    its decode; else one forward's): the weights must not change while it lives. With autograd
-    the weights are joined afresh (the same values), so the gradient reaches each."""
-    held = packs.get(id(weights[0]))
-    if held is None:  # packed or not is decided here, once: `packs` lives in one autocast state
-        joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
-        pack = can_pack(weights[0])
-        mkl = torch.ops.mkl._mkl_reorder_linear_weight(joined.detach(), ROWS) if pack else None
-        held = packs[id(weights[0])] = (joined, mkl)
-    grad = torch.is_grad_enabled() and weights[0].requires_grad
-    weight = torch.cat(weights) if grad and len(weights) > 1 else held[0]
-    mkl = held[1]
-    if mkl is not None and grad:
-        return PackedProduct.apply(x, weight, mkl)
-    tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step: one tile
-    if mkl is not None:  # the same kernel without autograd's bookkeeping
-        out = [torch.ops.mkl._mkl_linear(t, mkl, weight, None, ROWS) for t in tiles]
-    else:
-        out = [F.linear(tile, weight) for tile in tiles]
-    return out[0] if len(out) == 1 else torch.cat(out)
-
-
-def tiled_linear(x: Tensor, weight: Tensor, packs: dict[int, Any]) -> Tensor:
-    """x @ weight.T in tiles of ROWS rows (`product` of one weight)."""
-    return product(x, (weight,), packs)
-
-
 class ExactCache:
     """Keys and values per layer (B, KV heads, capacity, D), row b's position t at slot t; the
     capacity is the context rounded up to whole key tiles. Rows may hold different lengths:
     the caller says where each row's new tokens start (`forward_exact`'s `start`)."""
 
-    def __init__(self, model: GPT, batch: int) -> None:
+    def __init__(self, model: GPT, batch: int, kernel: int = EXACT_KERNEL) -> None:
         cfg = model.config
+        self.kernel = kernel
+        """The exact kernel version its products run (`octlm/model/exact_products.py`)."""
         weight = model.tok_embeddings.weight
         self.capacity = cfg.context
         shape = (batch, cfg.n_kv_heads, -(-cfg.context // KEYS) * KEYS, cfg.head_dim)
@@ -148,7 +85,8 @@ class Layout:
     cos: Tensor  # (B, 1, T, D)
     sin: Tensor
     masked: Tensor  # `future_keys`
-    rows: Tensor  # (B, 1): each row's index, for the cache writes
+    rows: Tensor  # (B, 1): each row's index
+    slots: Tensor  # (B, KV heads, T, D): each new key's slot in the cache, for its writes
 
 
 def forward_exact(
@@ -157,12 +95,14 @@ def forward_exact(
     cache: ExactCache | None = None,
     start: Tensor | None = None,
     at: Tensor | None = None,
+    kernel: int = EXACT_KERNEL,
 ) -> Tensor:
     """Logits (B, T, V) of `ids` (B, T), row b's tokens at positions start[b].. (default 0),
     after the positions before start[b] that `cache` holds (which then holds these too).
     Without a cache, start must be 0: the full forward. With `at` (B,), only position at[b] of
     each row (an index into T): logits (B, 1, V). Rows padded on the right are fine: a
-    position never reads a later one."""
+    position never reads a later one. `kernel`: the products' version (a cache's own, if
+    given)."""
     B, T = ids.shape
     device = ids.device
     if start is None:
@@ -174,6 +114,7 @@ def forward_exact(
     if cache is None and bool(start.any()):
         raise ValueError("without a cache every row starts at position 0")
     packs: dict[int, Any] = {} if cache is None else cache.packs
+    kernel = kernel if cache is None else cache.kernel
     group = model.config.n_heads // model.config.n_kv_heads
     layout = Layout(
         B,
@@ -183,24 +124,25 @@ def forward_exact(
         model.rope.sin[positions].unsqueeze(1),
         future_keys(positions, group, last),
         torch.arange(B, device=device).view(B, 1),
+        positions.view(B, 1, T, 1).expand(B, model.config.n_kv_heads, T, model.config.head_dim),
     )
     n, padded = B * T, padded_rows(B * T)
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
     first: Tensor | None = None
     for i, layer in enumerate(model.layers):
         x = layer.attention_norm(h)
-        attended, values = _attend(layer.attention, x, layout, cache, i, first, packs)
+        attended, values = _attend(layer.attention, x, layout, cache, (i, kernel), first, packs)
         if model.config.value_residual and first is None:
             first = values
         h = h + attended
         ffn = layer.feed_forward
-        y = product(layer.ffn_norm(h), (ffn.w1.weight, ffn.w3.weight), packs)
+        y = product(layer.ffn_norm(h), (ffn.w1.weight, ffn.w3.weight), packs, kernel)
         gate, up = y.chunk(2, dim=-1)
-        h = h + tiled_linear(F.silu(gate) * up, ffn.w2.weight, packs)
+        h = h + tiled_linear(F.silu(gate) * up, ffn.w2.weight, packs, kernel)
     if at is not None:
         h = h[:n].view(B, T, -1)[layout.rows.view(B), at]  # (B, C)
         h, n, T = F.pad(h, (0, 0, 0, padded_rows(B) - B)), B, 1
-    logits = tiled_linear(model.norm(h), model.tok_embeddings.weight, packs)
+    logits = tiled_linear(model.norm(h), model.tok_embeddings.weight, packs, kernel)
     if model.config.logit_softcap > 0:
         cap = model.config.logit_softcap
         logits = cap * torch.tanh(logits.float() / cap)
@@ -212,15 +154,17 @@ def _attend(
     x: Tensor,
     layout: Layout,
     cache: ExactCache | None,
-    layer: int,
+    where: tuple[int, int],
     first_values: Tensor | None,
     packs: dict[int, Any],
 ) -> tuple[Tensor, Tensor]:
-    """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values."""
+    """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values.
+    `where`: the layer's index and the products' kernel."""
+    layer, kernel = where
     H, KV, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
     B, T = layout.B, layout.T
     n = B * T
-    qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight), packs)[:n]
+    qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight), packs, kernel)[:n]
     q, k, v = qkv.split((H * D, KV * D, KV * D), dim=-1)
     q = q.reshape(B, T, H, D).transpose(1, 2)
     k = k.reshape(B, T, KV, D).transpose(1, 2)
@@ -236,14 +180,14 @@ def _attend(
         values = F.pad(v, (0, 0, 0, width - T))
     else:
         held_k, held_v = cache.keys[layer], cache.values[layer]
-        held_k[layout.rows, :, layout.positions] = k.transpose(1, 2).to(held_k.dtype)
-        held_v[layout.rows, :, layout.positions] = v.transpose(1, 2).to(held_v.dtype)
+        held_k.scatter_(2, layout.slots, k.to(held_k.dtype))  # (one op: cheaper than indexing)
+        held_v.scatter_(2, layout.slots, v.to(held_v.dtype))
         keys, values = held_k[:, :, :width], held_v[:, :, :width]
     y = attention(q, keys, values, layout.masked)  # (B, H, T, D) float32
     y = y.to(x.dtype).transpose(1, 2).reshape(n, H * D)
     if x.shape[0] > n:
         y = F.pad(y, (0, 0, 0, x.shape[0] - n))
-    return tiled_linear(y, attn.wo.weight, packs), v
+    return tiled_linear(y, attn.wo.weight, packs, kernel), v
 
 
 def future_keys(positions: Tensor, group: int, last: int) -> Tensor:

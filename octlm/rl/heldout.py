@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from octlm.config.rl import RLConfig
+from octlm.config.rl import EXACT_KERNEL, RLConfig
 from octlm.evaluate.protocol import GenerativeTask
 from octlm.model.gpt import GPT
 from octlm.rl.rollout import HELDOUT, reply_seed, sample_group
@@ -64,6 +64,7 @@ def count_correct(
     temperature: float,
     top_k: int | None,
     exact: bool = True,
+    kernel: int = EXACT_KERNEL,
 ) -> list[tuple[int, int, float, int]]:
     """(prompt index, correct replies, summed reward, cut replies) of each prompt in `indices`."""
     out = []
@@ -79,6 +80,7 @@ def count_correct(
             temperature=temperature,
             top_k=top_k,
             exact=exact,
+            kernel=kernel,
         )
         out.append((p, sum(group.correct), math.fsum(group.rewards), sum(group.cut)))
     return out
@@ -110,6 +112,7 @@ def score_heldout(
     temperature: float,
     top_k: int | None = None,
     exact: bool = True,
+    kernel: int = EXACT_KERNEL,
     rank: int = 0,
     world: int = 1,
     gather: Callable[[object], list[object]] | None = None,
@@ -118,7 +121,7 @@ def score_heldout(
     problems = task.heldout(prompts)
     mine = range(rank, len(problems), world)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k}
-    sampling["exact"] = exact
+    sampling.update(exact=exact, kernel=kernel)
     counts = count_correct(model, tokenizer, task, problems, mine, k=k, seed=seed, **sampling)
     every = [c for part in gather(counts) for c in part] if gather else counts  # type: ignore[union-attr]
     return summarise(every, k)

@@ -150,6 +150,7 @@ def one_step(run: RLRun, log: RunLog, say: Any) -> None:
         rank=run.dist.rank,
         dtype=run.dtype,
         exact=cfg.on_policy,
+        kernel=cfg.policy.sampling()["kernel"],
     )
     if update.nonfinite and not cfg.run.skip_nonfinite:  # (no update was made)
         raise lifecycle.nonfinite_error(log, s + 1, update.loss, update.grad_norm, cfg.run.out)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from octlm.config.rl import EXACT_KERNEL
 from octlm.data.chat_format import USER, reply_prompt_ids, turn_ids
 from octlm.generation.sampling import generate_batch
 from octlm.model.gpt import GPT
@@ -87,9 +88,11 @@ def sample_group(
     temperature: float,
     top_k: int | None,
     exact: bool = True,
+    kernel: int = EXACT_KERNEL,
 ) -> Group:
     """Sample one reply per seed to `problem` and score each with the task's checker (`exact`:
-    on the exact decode path, else the plain one: the run's `sampler`)."""
+    on the exact decode path by its `kernel` version, else the plain one: the run's `sampler`
+    and `exact_kernel`)."""
     ids = prompt_ids(tokenizer, problem)
     eos = tokenizer.eos_id
     logprobs: list[list[float]] = []
@@ -103,6 +106,7 @@ def sample_group(
         stop_id=eos,
         logprobs=logprobs,
         exact=exact,
+        kernel=kernel,
     )
     texts = [reply_text(tokenizer, r) for r in replies]
     return Group(

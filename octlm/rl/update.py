@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from octlm.config.rl import EXACT_KERNEL
 from octlm.device import autocast
 from octlm.model.exact import forward_exact
 from octlm.model.gpt import GPT, IGNORE_INDEX
@@ -73,12 +74,14 @@ def policy_update(
     rank: int,
     dtype: str,
     exact: bool = False,
+    kernel: int = EXACT_KERNEL,
 ) -> UpdateResult:
     """Forward and backward of this process's `groups` (its prompts in order: micro-batch m is
     prompt m * world + rank), the fixed-tree fold across processes, clip, step.
     `sampled_tokens`: the step's sampled tokens over every process (the loss's divisor).
     With `exact` the forward is the rollouts' exact path (`octlm/model/exact.py`, float32, no
-    dropout), so each sampled token's log-prob is the bits the sampler drew it with."""
+    dropout; its `kernel` version), so each sampled token's log-prob is the bits the sampler
+    drew it with."""
     device = next(model.parameters()).device
     set_lr(optimizer, lr)
     model.train()
@@ -92,7 +95,7 @@ def policy_update(
             torch.manual_seed(leaf_seed(seed, step, micro * world + rank))
             inputs, targets = inputs.to(device), targets.to(device)
             if exact:
-                logits = forward_exact(model, inputs)
+                logits = forward_exact(model, inputs, kernel=kernel)
             else:
                 with autocast(device, dtype):
                     logits = model(inputs)

@@ -1,0 +1,152 @@
+"""The exact path's weight products (`octlm/model/exact.py`): a row's bits depend on that row
+and the weight only, not on how many rows share the call or where the row sits among them.
+
+Two kernels, by version (an RL run records the one it sampled with: `exact_kernel`, so a
+resumed run keeps drawing its own bits):
+
+- **1: MKL's product in tiles of `ROWS` rows.** MKL picks its kernel by the row count (1 row is
+  a matrix-vector product, 2..15 rows others, M = 300 another), so each tile of 2 rows (the
+  last zero-padded) is its own product, with the weight packed once for 2 rows. A batch of 8
+  pays 4 calls, a prefill of 512 rows 256: each streams the whole weight.
+- **2: oneDNN's product over a weight packed once, every row in one call** (the float32 CPU ops
+  PyTorch's own compiler emits, `octlm/model/packed.py` uses them for the plain batch).
+  Measured on this build (oneDNN's AVX2 and AVX-512 paths, 1 and 2 threads, tests in
+  tests/model/test_exact_products.py): a row's bits are the same for 1 to 4,096 rows at any
+  offset, and at 1 and 2 threads. The weight's blocked layout fixes the order over K whatever
+  the row count. So a decode step of 8 rows is one call, and a prefill or an evaluation's
+  micro-batch of thousands of rows too: on `small`, the 43 products of a step cost at 8 rows
+  0.38x and at 64 rows 0.16x what kernel 1's tiles cost; at 1 row 1.1x (docs/performance.md,
+  "Exact products").
+  oneDNN's older paths do not hold it (with `ONEDNN_MAX_CPU_ISA=AVX` a row's bits follow the
+  row count; `=SSE41` a lone row's), so `rows_invariant()` checks on first use, on this
+  machine, and where it fails kernel 2 is kernel 1's tiles (one machine's bits, as ever).
+
+Outside float32 on CPU (bf16, autocast, CUDA) both kernels are a plain product per tile of
+`ROWS` rows: its shape fixed, its bits its own. Every kernel pads the rows to a multiple of
+`ROWS` (`padded_rows`): a lone row is 2, which both oneDNN's and MKL's checks need.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from octlm.config.rl import EXACT_KERNEL
+
+ROWS = 2
+"""Rows of kernel 1's tiles (and the multiple every kernel pads the rows to). In float32 on CPU
+a tile is MKL's product with the weight packed once for 2 rows: measured at 1 thread on
+`small`'s layer shapes, about what MKL's 1-row product costs."""
+PACKED_FOR = 8
+"""The row count oneDNN is told to pack kernel 2's weights for (any count runs on them)."""
+
+
+def padded_rows(n: int) -> int:
+    return -(-n // ROWS) * ROWS
+
+
+def packable(weight: Tensor) -> bool:
+    """float32 on CPU outside autocast: where the packed kernels serve."""
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def onednn_linear(x: Tensor, packed: Tensor) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
+
+
+@functools.cache
+def rows_invariant() -> bool:
+    """Whether this machine's oneDNN gives a row the same bits at any row count: the kernel 2
+    check (the module's docstring), on two shapes (one whose K is not a multiple of 16) and the
+    row counts a decode, a batch and a prefill take. Deterministic inputs; about 2 ms."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for n, k in ((96, 80), (200, 37)):
+            weight = torch.randn(n, k, generator=generator)
+            x = torch.randn(70, k, generator=generator)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR)
+            whole = onednn_linear(x, packed)
+            for start, rows in ((0, 1), (0, 2), (3, 3), (0, 5), (1, 8), (9, 17), (0, 33)):
+                part = onednn_linear(x[start : start + rows], packed)
+                if not torch.equal(part, whole[start : start + rows]):
+                    return False
+    except (RuntimeError, AttributeError):  # a build without these ops
+        return False
+    return True
+
+
+def pack(weight: Tensor, kernel: int) -> tuple[int, Tensor | None]:
+    """The kernel that serves `weight` on this machine and its packed copy (None: plain tiles)."""
+    if not packable(weight):
+        return 0, None
+    if kernel >= 2 and rows_invariant():
+        return 2, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR)
+    if torch.backends.mkl.is_available():
+        return 1, torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), ROWS)
+    return 0, None
+
+
+def run_packed(served: int, x: Tensor, weight: Tensor, packed: Tensor | None) -> Tensor:
+    """x @ weight.T by the kernel `pack` chose: oneDNN's one call (2), MKL's tiles (1), plain
+    tiles (0)."""
+    if served == 2:
+        return onednn_linear(x, packed)
+    tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step of 1 row: one tile
+    if served == 1:
+        out = [torch.ops.mkl._mkl_linear(t, packed, weight, None, ROWS) for t in tiles]
+    else:
+        out = [F.linear(t, weight) for t in tiles]
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+class PackedProduct(torch.autograd.Function):
+    """The packed product, differentiable: the forward is the inference path's (so the RL
+    update's log-probs are the rollout's bits), the backward plain matrix products."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, packed: Tensor, served: int) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return run_packed(served, x, weight, packed)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x, None, None
+
+
+def product(
+    x: Tensor, weights: tuple[Tensor, ...], packs: dict[int, Any], kernel: int = EXACT_KERNEL
+) -> Tensor:
+    """x @ cat(weights).T for x (M, K), M a multiple of ROWS, by exact kernel `kernel`.
+    Weights sharing an input (wq, wk, wv; w1, w3) are one product (fewer calls). The joined
+    weight and its packed copy are kept in `packs` (an `ExactCache`'s, for its decode; else one
+    forward's): the weights must not change while it lives, and one `packs` serves one kernel
+    in one autocast state. With autograd the weights are joined afresh (the same values), so
+    the gradient reaches each."""
+    held = packs.get(id(weights[0]))
+    if held is None:  # the kernel is decided here, once
+        joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
+        held = packs[id(weights[0])] = (joined, *pack(joined, kernel))
+    joined, served, packed = held
+    grad = torch.is_grad_enabled() and weights[0].requires_grad
+    weight = torch.cat(weights) if grad and len(weights) > 1 else joined
+    if grad and served:
+        return PackedProduct.apply(x, weight, packed, served)
+    return run_packed(served, x, weight, packed)
+
+
+def tiled_linear(
+    x: Tensor, weight: Tensor, packs: dict[int, Any], kernel: int = EXACT_KERNEL
+) -> Tensor:
+    """x @ weight.T (`product` of one weight)."""
+    return product(x, (weight,), packs, kernel)
