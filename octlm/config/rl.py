@@ -44,6 +44,9 @@ EXACT_KERNELS = (1, 2)
 product in tiles of 2 rows; 2, oneDNN's over a packed weight, every row in one call."""
 EXACT_KERNEL = 2
 """The version a new run (and every generate, eval and server call) computes with."""
+ABSENT = {"on_policy": False, "sampler": "plain", "exact_kernel": 1}
+"""What a trajectory key added after runs existed means where a recorded trajectory lacks it:
+what every run before the key did."""
 SAMPLERS = ("exact", "plain")
 """`sampler`'s values; a run folder without the key sampled on the plain path."""
 MAX_GROUP = 4096
@@ -313,11 +316,10 @@ class RLConfig:
         the newest kernel unless set; a resume's those its checkpoint's trajectory `recorded`
         (absent: plain, kernel 1) unless set, which the resume check then compares."""
         changes: dict[str, Any] = {}
-        if self.policy.sampler is None:
-            changes["sampler"] = "exact" if recorded is None else recorded.get("sampler", "plain")
-        if self.policy.exact_kernel is None:
-            old = EXACT_KERNEL if recorded is None else recorded.get("exact_kernel", 1)
-            changes["exact_kernel"] = old
+        new = {"sampler": "exact", "exact_kernel": EXACT_KERNEL}
+        for key, value in new.items():
+            if getattr(self.policy, key) is None:
+                changes[key] = value if recorded is None else recorded.get(key, ABSENT[key])
         return self.replace(**changes) if changes else self
 
     def fingerprint(self, source: dict[str, Any]) -> str:

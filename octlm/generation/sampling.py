@@ -3,6 +3,7 @@ generator, so a sample is reproducible from its seed and touches no global RNG."
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -138,10 +139,8 @@ def generate_batch(
     if min(len(p) for p in prompts) == 0:
         raise ValueError("every prompt must hold at least one token")
     device = next(model.parameters()).device
-    if exact:
-        logits_of = _exact_rows(model, prompts, device, kernel)
-    else:
-        logits_of = _left_padded_rows(model, prompts, device)
+    build = functools.partial(_exact_rows, kernel=kernel) if exact else _left_padded_rows
+    logits_of = build(model, prompts, device)
     generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds]
     new: list[list[int]] = [[] for _ in prompts]
     live = set(range(len(prompts)))
@@ -186,7 +185,7 @@ def _left_padded_rows(
 
 
 def _exact_rows(
-    model: GPT, prompts: list[list[int]], device: torch.device, kernel: int
+    model: GPT, prompts: list[list[int]], device: torch.device, *, kernel: int
 ) -> Callable[[int, Tensor], Tensor]:
     """`_left_padded_rows` on the exact path: the prompts padded on the right, each row at its
     own positions (row b's new token n at position len(prompt b) + n), so its keys and queries

@@ -36,13 +36,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from octlm.config.rl import EXACT_KERNEL
+from octlm.model.packed import onednn_linear, onednn_pack
 
 ROWS = 2
 """Rows of kernel 1's tiles (and the multiple every kernel pads the rows to). In float32 on CPU
 a tile is MKL's product with the weight packed once for 2 rows: measured at 1 thread on
 `small`'s layer shapes, about what MKL's 1-row product costs."""
-PACKED_FOR = 8
-"""The row count oneDNN is told to pack kernel 2's weights for (any count runs on them)."""
 
 
 def padded_rows(n: int) -> int:
@@ -58,10 +57,6 @@ def packable(weight: Tensor) -> bool:
     )
 
 
-def onednn_linear(x: Tensor, packed: Tensor) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
-
-
 @functools.cache
 def rows_invariant() -> bool:
     """Whether this machine's oneDNN gives a row the same bits at any row count: the kernel 2
@@ -74,7 +69,7 @@ def rows_invariant() -> bool:
         for n, k in ((96, 80), (200, 37)):
             weight = torch.randn(n, k, generator=generator)
             x = torch.randn(70, k, generator=generator)
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR)
+            packed = onednn_pack(weight)
             whole = onednn_linear(x, packed)
             for start, rows in ((0, 1), (0, 2), (3, 3), (0, 5), (1, 8), (9, 17), (0, 33)):
                 part = onednn_linear(x[start : start + rows], packed)
@@ -90,7 +85,7 @@ def pack(weight: Tensor, kernel: int) -> tuple[int, Tensor | None]:
     if not packable(weight):
         return 0, None
     if kernel >= 2 and rows_invariant():
-        return 2, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR)
+        return 2, onednn_pack(weight)
     if torch.backends.mkl.is_available():
         return 1, torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), ROWS)
     return 0, None

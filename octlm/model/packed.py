@@ -37,6 +37,17 @@ PACKED_FOR = 8
 """The row count oneDNN is told to pack for; any row count runs on the packing."""
 
 
+def onednn_pack(weight: Tensor, rows: int = PACKED_FOR) -> Tensor:
+    """`weight` (out, in) reordered into the blocked layout oneDNN's product reads, told to
+    expect `rows` rows (any count runs on it)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+
+
+def onednn_linear(x: Tensor, packed: Tensor) -> Tensor:
+    """x (M, in) @ weight.T from `onednn_pack(weight)`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
+
+
 def packable(weight: Tensor) -> bool:
     """oneDNN's packed product serves float32 CPU weights outside autocast."""
     return (
@@ -64,11 +75,8 @@ class PackedWeights:
         packed = self.packs.get(id(weight))
         try:
             if packed is None:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR)
-                self.packs[id(weight)] = packed
-            out = torch.ops.mkldnn._linear_pointwise(
-                x.reshape(rows, x.shape[-1]), packed, None, "none", [None], ""
-            )
+                packed = self.packs[id(weight)] = onednn_pack(weight)
+            out = onednn_linear(x.reshape(rows, x.shape[-1]), packed)
         except (RuntimeError, AttributeError):  # an op this build lacks: plain from here on
             self.broken = True
             return F.linear(x, weight)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from octlm.config.learning import OptimSettings
-from octlm.config.rl import RLConfig
+from octlm.config.rl import ABSENT, RLConfig
 from octlm.config.shape import ModelConfig
 from octlm.config.train import TrainConfig
 from octlm.data.chat_format import check_chat_dataset
@@ -312,9 +312,12 @@ def _check_resumable(conf: RLConfig, meta: dict[str, Any]) -> None:
             f"{conf.out} holds a training run, not an RL run",
             "continue it with octlm train --resume, or give octlm rl another --out",
         )
-    was = meta["trajectory"]
-    now = json.loads(json.dumps(conf.trajectory()))
-    changed = [f"{k}: {was.get(k)!r} -> {now[k]!r}" for k in now if was.get(k) != now[k]]
+    # A key added after runs existed is absent where it holds its old meaning (`ABSENT`): on
+    # either side, so a run recorded with it is not continued by settings that drop it.
+    was = {**ABSENT, **meta["trajectory"]}
+    now = {**ABSENT, **json.loads(json.dumps(conf.trajectory()))}
+    keys = [k for k in now | was if was.get(k) != now.get(k)]
+    changed = [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in keys]
     if changed:
         raise ResumeError(
             f"the RL run in {conf.out} was started with other settings ({'; '.join(changed)})",

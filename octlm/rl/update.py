@@ -76,12 +76,10 @@ def policy_update(
     exact: bool = False,
     kernel: int = EXACT_KERNEL,
 ) -> UpdateResult:
-    """Forward and backward of this process's `groups` (its prompts in order: micro-batch m is
-    prompt m * world + rank), the fixed-tree fold across processes, clip, step.
-    `sampled_tokens`: the step's sampled tokens over every process (the loss's divisor).
-    With `exact` the forward is the rollouts' exact path (`octlm/model/exact.py`, float32, no
-    dropout; its `kernel` version), so each sampled token's log-prob is the bits the sampler
-    drew it with."""
+    """Forward and backward of this process's `groups` (micro-batch m is prompt m * world +
+    rank), the fixed-tree fold across processes, clip, step; the loss over `sampled_tokens`
+    (the step's, every process's). With `exact` the forward is the rollouts' exact path
+    (float32, no dropout, products by `kernel`): a token's log-prob is the sampler's bits."""
     device = next(model.parameters()).device
     set_lr(optimizer, lr)
     model.train()

@@ -1,0 +1,113 @@
+"""The exact path's product kernels (octlm/model/exact_products.py): kernel 2 (oneDNN's product
+over a packed weight, all rows in one call) gives a row the same bits at any row count and
+offset, on the shapes `tiny` and `small` run; each kernel keeps the exact path's promise (a
+cached decode is the full forward's bits); the two kernels give different bits (so the version
+an RL run records decides its draws); the same bits at 1 and 2 threads; and where oneDNN's
+check fails (its pre-AVX2 code, forced here) kernel 2 is kernel 1's tiles, still exact."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from octlm.config.shape import preset
+from octlm.model.exact import ExactCache, forward_exact
+from octlm.model.exact_products import pack, rows_invariant
+from octlm.model.gpt import GPT
+from octlm.model.packed import onednn_linear
+
+SHAPES = [(1152, 384), (384, 384), (4096, 384), (384, 1024), (32768, 384), (576, 192), (100, 37)]
+"""(out, in) of `small`'s joined q/k/v, output, joined w1/w3 and w2 products and its head, one
+of `tiny`'s, and an odd one."""
+ROW_COUNTS = (1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 65, 127, 300, 512, 1024)
+
+
+@torch.no_grad()
+def test_kernel_2_gives_a_row_its_bits_at_any_row_count_and_offset() -> None:
+    generator = torch.Generator().manual_seed(0)
+    plain_differs = False
+    for out, inp in SHAPES:
+        weight = torch.randn(out, inp, generator=generator)
+        x = torch.randn(1024, inp, generator=generator)
+        served, packed = pack(weight, 2)
+        if not rows_invariant():  # this machine's oneDNN failed the check: the tiles serve
+            assert served == 1
+            continue
+        assert served == 2
+        whole = onednn_linear(x, packed)
+        for rows in ROW_COUNTS:
+            for start in sorted({0, 1, (1024 - rows) // 2}):
+                part = onednn_linear(x[start : start + rows], packed)
+                assert torch.equal(part, whole[start : start + rows]), (out, inp, rows, start)
+        # The control: PyTorch's own product picks its kernel by the row count.
+        plain = F.linear(x, weight)
+        plain_differs |= not torch.equal(F.linear(x[:1], weight), plain[:1])
+    assert plain_differs or not rows_invariant(), "F.linear held a row's bits: a weak control"
+
+
+def small_model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(preset("tiny", context=140)).eval()
+
+
+@pytest.mark.parametrize("kernel", [1, 2])
+@torch.no_grad()
+def test_each_kernel_decodes_the_full_forwards_bits(kernel) -> None:
+    model = small_model()
+    ids = torch.randint(0, 4096, (3, 140), generator=torch.Generator().manual_seed(1))
+    full = forward_exact(model, ids, kernel=kernel)
+    cache = ExactCache(model, 3, kernel)
+    parts = [forward_exact(model, ids[:, :70], cache)]
+    for at in range(70, 140):
+        parts.append(forward_exact(model, ids[:, at : at + 1], cache, torch.full((3,), at)))
+    assert torch.equal(torch.cat(parts, dim=1), full)
+
+
+@torch.no_grad()
+def test_the_kernels_give_other_bits_and_the_same_at_one_and_two_threads() -> None:
+    model = small_model()
+    ids = torch.randint(0, 4096, (4, 100), generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [forward_exact(model, ids, kernel=k) for k in (1, 2)]
+        torch.set_num_threads(2)
+        two = [forward_exact(model, ids, kernel=k) for k in (1, 2)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    # The control: another kernel, other bits (where oneDNN serves); the same values near.
+    assert torch.equal(one[0], one[1]) is not rows_invariant()
+    assert torch.allclose(one[0], one[1], atol=1e-4)
+
+
+def test_where_onednn_fails_the_check_kernel_2_is_kernel_1s_tiles_and_still_exact() -> None:
+    """oneDNN's AVX (pre-AVX2) code picks its blocking by the row count: forced here, the check
+    fails and kernel 2 serves as kernel 1 does (its bits, its exactness)."""
+    script = """
+import torch
+from octlm.config.shape import preset
+from octlm.model.exact import ExactCache, forward_exact
+from octlm.model.exact_products import rows_invariant
+from octlm.model.gpt import GPT
+torch.manual_seed(0)
+model = GPT(preset("tiny", context=80)).eval()
+ids = torch.randint(0, 4096, (2, 80))
+with torch.no_grad():
+    full = forward_exact(model, ids)
+    cache = ExactCache(model, 2)
+    parts = [forward_exact(model, ids[:, :40], cache)]
+    for t in range(40, 80):
+        parts.append(forward_exact(model, ids[:, t : t + 1], cache, torch.full((2,), t)))
+    print(rows_invariant(), torch.equal(full, forward_exact(model, ids, kernel=1)),
+          torch.equal(torch.cat(parts, dim=1), full))
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True", "True"], proc.stdout
