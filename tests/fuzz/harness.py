@@ -11,9 +11,7 @@ An input the command accepts is fine: a mutation may well be valid.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import functools
 import io
 import json
 import os
@@ -25,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.cli_in_process import main
 
 MAX_LINE_CHARS = 600
 """An error line quotes at most a short prefix of a user's value: a line longer than this
@@ -54,39 +54,25 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
     }
 
 
-@functools.cache
-def built_parser() -> argparse.ArgumentParser:
-    """octlm's parser, built once per process: building it (every command's flags and their
-    help) was most of an in-process case's time. argparse keeps no state between parses."""
-    from octlm.cli.main import build_parser
-
-    return build_parser()
-
-
 def run_cli(args: list[str], root: Path, stdin: str | None = None) -> Outcome:
-    """`octlm ARGS` in this process, in `root`, stdin replaced by `stdin` when given; `main`
-    parses with the parser built once (`built_parser`)."""
-    from octlm.cli import main as cli
-
-    parser, built = built_parser(), cli.build_parser
+    """`octlm ARGS` in this process (its parser built once: tests/cli_in_process.py), in `root`,
+    stdin replaced by `stdin` when given."""
     before, cwd = snapshot(root), Path.cwd()
     out, err, crash, code = io.StringIO(), io.StringIO(), None, 0
     saved_stdin = sys.stdin
     os.chdir(root)
-    cli.build_parser = lambda: parser  # type: ignore[assignment]
     try:
         if stdin is not None:
             sys.stdin = io.StringIO(stdin)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                code = cli.main(args)
+                code = main(args)
             except SystemExit as exc:  # argparse: a usage line, then its error line
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001 (whatever escapes is the finding)
                 crash = traceback.format_exc()
                 code = 1
     finally:
-        cli.build_parser = built
         sys.stdin = saved_stdin
         os.chdir(cwd)
     after = snapshot(root)

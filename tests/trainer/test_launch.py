@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.errors import OctlmError
 from octlm.trainer.distributed import DistInfo, peer_failure
 from octlm.trainer.forkstart import PRELOAD, START_ENV, start_method
@@ -27,6 +26,7 @@ from octlm.trainer.launch import (
     stopped_code,
     worker_argv,
 )
+from tests.cli_in_process import main
 
 
 def test_worker_argv_drops_the_launch_flags_in_both_forms() -> None:
