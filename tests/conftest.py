@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -152,6 +153,23 @@ def straight_run(tiny_dataset, tmp_path_factory):
         return shared(tmp_path_factory, key, build) / "run"
 
     return get
+
+
+WHOLLY_SLOW = re.compile(r"^pytestmark = pytest\.mark\.slow\b", re.M)
+"""A module whose every test is slow: its `pytestmark` line, as the slow modules write it."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m "not slow"` (make test-fast) a module marked slow as a whole is not imported:
+    every test of it would be deselected, and importing the 56 of them (torch's helpers,
+    transformers, wandb, openai, uvicorn... for their skips) cost each worker 2.4 s of its
+    collection without a bytecode cache. Any other selection, `make test`'s none included,
+    collects them as before."""
+    if config.getoption("markexpr") != "not slow" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix == ".py" and WHOLLY_SLOW.search(collection_path.read_text("utf-8")):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

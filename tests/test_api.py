@@ -36,6 +36,7 @@ def small(tiny_dataset: Path, out: Path, **changes) -> TrainConfig:
     return TrainConfig(**{**base, **sizes, "progress": False, "steps": 3, **changes})
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_import_octlm_is_cheap_and_names_the_api() -> None:
     code = (
         "import json, sys, octlm; before = 'torch' in sys.modules; names = dir(octlm); "
@@ -56,6 +57,7 @@ def test_the_facade_names_are_the_functions_even_after_their_submodules_load() -
         octlm.nope  # noqa: B018
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_every_module_is_reachable_by_its_dotted_name_beside_the_api() -> None:
     """No module hides behind an API name, nor an API name behind a module: every public name
     is resolved first (which binds them all on the package), then every module is imported by
@@ -187,6 +189,7 @@ def test_a_second_signal_in_process_raises_keyboard_interrupt_and_restores() -> 
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_the_cli_s_second_signal_still_exits_at_once() -> None:
     code = (
         "import signal\nfrom octlm.trainer.guards import StopFlag\n"

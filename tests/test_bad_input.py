@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli.main import main
+from tests.cli_in_process import main
 
 TINY = ("--model", "tiny", "--context", "32", "--steps", "4", "--warmup", "1")
 HUGE = str(10**30)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli.main import main
+from tests.cli_in_process import main
 from tests.fuzz.harness import problems, run_cli
 
 TINY = ("--model", "tiny", "--context", "32", "--steps", "4", "--warmup", "1")

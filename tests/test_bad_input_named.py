@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from octlm.cli.flags import as_in_file, as_typed
-from octlm.cli.main import main
+from tests.cli_in_process import main
 from tests.test_bad_input import tree
 
 TINY = ["--model", "tiny", "--context", "32", "--warmup", "1"]

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from octlm.cli.main import main
+from tests.cli_in_process import main
 from tests.test_bad_input import TINY, tree
 
 LONG = "x" * 16_000

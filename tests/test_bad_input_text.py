@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import octlm
-from octlm.cli.main import main
 from octlm.errors import OctlmError
+from tests.cli_in_process import main
 from tests.fuzz.harness import Outcome, problems, run_cli, snapshot
 from tests.fuzz.text_inputs import make_chat_run
 from tests.shared import shared

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.errors import LONGEST_WORD, one_line
+from tests.cli_in_process import main
 
 
 def test_one_line_escapes_control_characters_and_cuts_long_runs() -> None:

@@ -13,6 +13,7 @@ table is the one the imports give.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -41,6 +42,12 @@ def sources() -> dict[str, str]:
     return {str(p.relative_to(PACKAGE.parent)): p.read_text() for p in PACKAGE.rglob("*.py")}
 
 
+@functools.cache
+def parsed(text: str) -> ast.Module:
+    """A package file's tree, parsed once per session (every check walks the same files)."""
+    return ast.parse(text)
+
+
 def imports(tree: ast.AST) -> list[ast.ImportFrom | ast.Import]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
@@ -61,7 +68,7 @@ def wrong_imports(room: str, is_wrong: Callable[[str], bool]) -> dict[str, list[
     bad = {}
     for name, text in sources().items():
         if name.startswith(room):
-            wrong = sorted(m for m in imported_modules(ast.parse(text)) if is_wrong(m))
+            wrong = sorted(m for m in imported_modules(parsed(text)) if is_wrong(m))
             if wrong:
                 bad[name] = wrong
     return bad
@@ -75,7 +82,7 @@ def test_no_reexports_under_noqa_f401() -> None:
 def test_no_private_name_is_imported_from_another_module() -> None:
     bad = []
     for name, text in sources().items():
-        for node in imports(ast.parse(text)):
+        for node in imports(parsed(text)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("octlm"):
                 bad += [
                     f"{name}: {node.module}.{a.name}"
@@ -94,7 +101,7 @@ def test_no_package_file_is_over_400_lines() -> None:
 def test_no_function_is_over_60_lines() -> None:
     long = {}
     for name, text in sources().items():
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parsed(text)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
@@ -119,7 +126,7 @@ def test_only_the_cli_and_the_tools_import_the_tools() -> None:
     for name, text in sources().items():
         if name.startswith(("octlm/tools/", "octlm/cli/")):
             continue
-        wrong = {m for m in imported_modules(ast.parse(text)) if m.startswith("octlm.tools")}
+        wrong = {m for m in imported_modules(parsed(text)) if m.startswith("octlm.tools")}
         if wrong:
             bad[name] = sorted(wrong)
     assert bad == {}
@@ -155,7 +162,7 @@ def mapped_modules() -> set[str]:
     return {
         name.removeprefix("octlm/")
         for name, text in sources().items()
-        if not name.endswith("__init__.py") or holds_code(ast.parse(text))
+        if not name.endswith("__init__.py") or holds_code(parsed(text))
     }
 
 
@@ -224,13 +231,15 @@ def test_the_data_commands_start_without_torch() -> None:
     assert result.stdout.strip() == "False"
 
 
+@functools.cache
 def module_graph() -> dict[str, set[str]]:
-    """Each package module -> the package modules it imports (lazy and type-only included)."""
+    """Each package module -> the package modules it imports (lazy and type-only included);
+    built once per session (the floor table asks it for every pair of units). Read-only."""
     names = {n.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for n in sources()}
     graph: dict[str, set[str]] = {}
     for name, text in sources().items():
         module = name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-        graph[module] = {m for m in imported_modules(ast.parse(text)) if m in names} - {module}
+        graph[module] = {m for m in imported_modules(parsed(text)) if m in names} - {module}
     return graph
 
 

@@ -56,6 +56,7 @@ def test_a_launchers_workers_know_octlms_values_from_the_users() -> None:
     assert _record(code, MKL_DYNAMIC="TRUE")["set_by_user"] == ["MKL_DYNAMIC"]
 
 
+@pytest.mark.slow  # the only one of these interpreters that imports torch
 def test_torch_imported_first_is_recorded() -> None:
     """In a notebook that imported torch before octlm, the pinning comes too late: the record
     says so rather than claim settings that MKL never read."""

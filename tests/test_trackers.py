@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.config.train import ConfigError, TrainConfig
 from octlm.runlog.reader import read_log
 from octlm.runlog.writer import RunLog
 from octlm.trackers.records import hparams
 from octlm.trackers.sinks import Guarded, parse_trackers
 from octlm.trackers.tensorboard_sink import TensorBoardSink
+from tests.cli_in_process import main
 from tests.trackers_read import as_float32, expected_scalars, tb_scalars, tb_texts
 
 pytest.importorskip("tensorboard")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.config.files import SHIPPED_CONFIGS, config_path, make_config, read_toml, shipped_configs
 from octlm.config.train import ConfigError
+from tests.cli_in_process import main
 
 PACKAGE = Path(__file__).resolve().parents[2] / "octlm"
 

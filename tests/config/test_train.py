@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.config.diff import changed_keys, trajectory_changes
 from octlm.config.files import field_docs, load_toml, make_config
 from octlm.config.train import (
@@ -18,6 +17,7 @@ from octlm.config.train import (
     config_keys,
 )
 from octlm.errors import OctlmError
+from tests.cli_in_process import main
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "octlm" / "configs").glob("*.toml"))
 

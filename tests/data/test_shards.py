@@ -48,8 +48,9 @@ def expected_streams(tiny_dataset) -> dict[str, np.ndarray]:
 
 @pytest.fixture
 def copy(tiny_dataset, tmp_path):
-    """A private, writable copy of the tiny dataset."""
-    return shutil.copytree(tiny_dataset, tmp_path / "data")
+    """A private, writable copy of the tiny dataset (without a `.lock`: a test that points a
+    trainer's --out at the shared dataset to see it refused makes one for a moment)."""
+    return shutil.copytree(tiny_dataset, tmp_path / "data", ignore=shutil.ignore_patterns(".lock"))
 
 
 # -- dtype and format -----------------------------------------------------------------------------

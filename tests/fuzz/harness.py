@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.cli_in_process import main
+
 MAX_LINE_CHARS = 600
 """An error line quotes at most a short prefix of a user's value: a line longer than this
 quoted one whole (a 16,000-character line was seen)."""
@@ -53,9 +55,8 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def run_cli(args: list[str], root: Path, stdin: str | None = None) -> Outcome:
-    """`octlm ARGS` in this process, in `root`, stdin replaced by `stdin` when given."""
-    from octlm.cli.main import main
-
+    """`octlm ARGS` in this process (its parser built once: tests/cli_in_process.py), in `root`,
+    stdin replaced by `stdin` when given."""
     before, cwd = snapshot(root), Path.cwd()
     out, err, crash, code = io.StringIO(), io.StringIO(), None, 0
     saved_stdin = sys.stdin

@@ -87,22 +87,6 @@ def make_chat_run(root: Path) -> Path:
     return root / "run"
 
 
-@contextlib.contextmanager
-def one_parser() -> Iterator[None]:
-    """`octlm.cli.main.main` with its parser built once, not once a call (each build reads the
-    settings' docstrings from source for `--help`: ~60 ms, most of a case's time). The parser
-    is the same one; argparse keeps no state between parses."""
-    from octlm.cli import main as cli
-
-    built = cli.build_parser
-    parser = built()
-    cli.build_parser = lambda: parser  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        cli.build_parser = built
-
-
 def text_of(data: bytes) -> str:
     """Bytes as `octlm` receives them as an argument or a line: undecodable bytes kept as the
     lone surrogates `surrogateescape` makes of them."""
@@ -127,11 +111,10 @@ def cases_of(seed: int, n: int, root: Path, case: Case, valid: bytes) -> list[st
     `case N (seed S): problem` lines."""
     run = make_chat_run(fresh(root / "fixture"))
     work, rng, failures = fresh(root / "work"), random.Random(seed), []
-    with one_parser():
-        for i, data in enumerate(variants(valid, seed, n)):
-            failures += [f"case {i} (seed {seed}): {p}" for p in case(run, work, data, rng)]
-            for leftover in work.iterdir():  # each case starts from an empty folder
-                leftover.unlink()
+    for i, data in enumerate(variants(valid, seed, n)):
+        failures += [f"case {i} (seed {seed}): {p}" for p in case(run, work, data, rng)]
+        for leftover in work.iterdir():  # each case starts from an empty folder
+            leftover.unlink()
     return failures
 
 

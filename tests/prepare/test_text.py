@@ -43,7 +43,11 @@ def corpus(tmp_path, small_docs) -> Path:
 
 
 def config(out: Path, *inputs: Path | str, **overrides) -> PrepareConfig:
-    settings = {"vocab_size": VOCAB, "context": CONTEXT, "shard_tokens": 2000} | overrides
+    """One encoding process unless `workers` is given: the worker pool's start is most of a
+    small prepare's time, and tests/prepare/test_workers.py checks that any number of workers
+    writes the same bytes. The faults below strike with the pool running (`workers=2`)."""
+    settings = {"vocab_size": VOCAB, "context": CONTEXT, "shard_tokens": 2000, "workers": 1}
+    settings |= overrides
     return PrepareConfig(out=out, inputs=tuple(str(i) for i in inputs), **settings)
 
 
@@ -316,7 +320,7 @@ def test_fault_while_writing_shards_keeps_the_old_dataset(existing, corpus, monk
 
     monkeypatch.setattr(ShardWriter, "start_shard", failing_start)
     with pytest.raises(type(fault)):
-        run(config(out, corpus, vocab_size=VOCAB + 10, force=True))
+        run(config(out, corpus, vocab_size=VOCAB + 10, force=True, workers=2))
     assert len(calls) == 2
     assert snapshot(out) == before and leftovers(out.parent) == []
 

@@ -17,7 +17,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from octlm.cli.main import main
 from octlm.config.shape import ModelConfig
 from octlm.data.shards import ShardDataset
 from octlm.errors import OctlmError
@@ -28,6 +27,7 @@ from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
 from octlm.tools.export import export
 from tests import octlm_process
+from tests.cli_in_process import main
 from tests.tools.helpers import EXPORT_CONTEXT, assert_one_error_line, export_run_args
 
 # Every test here starts a process (or reads the run a fixture trained with `python -m octlm`).

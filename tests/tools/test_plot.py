@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.errors import OctlmError
 from octlm.tools.plot import (
     clipped_points,
@@ -23,6 +22,7 @@ from octlm.tools.plot import (
     unigram_baseline,
 )
 from tests import octlm_process
+from tests.cli_in_process import main
 from tests.tools.helpers import (
     CUT_LINE,
     GARBAGE_LINE,

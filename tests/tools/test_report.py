@@ -16,7 +16,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.config.files import load_toml
 from octlm.config.train import TrainConfig
 from octlm.rl.run import KIND
@@ -25,6 +24,7 @@ from octlm.tools.report import report as page
 from octlm.tools.report.presets import SCHEDULE_KEYS, schedule_defaults, schedule_presets
 from octlm.tools.report.runs import RL_KIND, chance_of, load_run, load_runs
 from octlm.trainer.schedule import learning_rate
+from tests.cli_in_process import main
 from tests.tools.helpers import write_rl_log
 
 REPO = Path(__file__).resolve().parents[2]

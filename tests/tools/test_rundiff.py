@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from octlm.cli.main import main
 from octlm.runlog.reader import read_log
 from octlm.runlog.writer import RunLog
 from octlm.tools.rundiff import diff_folders, diff_runs, format_diff
+from tests.cli_in_process import main
 from tests.tools.helpers import CUT_LINE, GARBAGE_LINE, append_line, insert_line, write_log
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.config.train import TrainConfig
 from octlm.errors import OctlmError
 from octlm.runlog.reader import read_log
@@ -18,6 +17,7 @@ from octlm.tools import subrun
 from octlm.tools.verify import format_result, verify_resume, with_digests
 from octlm.trainer.checkpoint import read_latest
 from octlm.trainer.init_from import FIX_SOURCE
+from tests.cli_in_process import main
 from tests.tools.helpers import (
     CUT_LINE,
     GARBAGE_LINE,

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from octlm.cli.main import main
 from octlm.errors import OctlmError
 from octlm.trainer.distributed import DistInfo, peer_failure
 from octlm.trainer.forkstart import PRELOAD, START_ENV, start_method
@@ -27,6 +26,7 @@ from octlm.trainer.launch import (
     stopped_code,
     worker_argv,
 )
+from tests.cli_in_process import main
 
 
 def test_worker_argv_drops_the_launch_flags_in_both_forms() -> None:
@@ -64,11 +64,11 @@ def test_bad_launches_are_one_line_errors(kw, words) -> None:
         Launch(**kw)
 
 
-def test_the_cli_refuses_a_bad_launch_in_one_line(tmp_path) -> None:
-    cmd = [sys.executable, "-m", "octlm", "train", "--out", str(tmp_path / "r"), "--nnodes", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
+def test_the_cli_refuses_a_bad_launch_in_one_line(tmp_path, capsys) -> None:
+    """The CLI's own entry in this process (refused before any launch; `python -m octlm` itself
+    is run by the slow tests)."""
+    assert main(["train", "--out", str(tmp_path / "r"), "--nnodes", "2"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
         "octlm: error: --nnodes 2 needs a meeting point; pass --rdzv-endpoint HOST:PORT (the "
         "same on every node, HOST node 0's address)"
     ]
