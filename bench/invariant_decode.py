@@ -3,10 +3,12 @@ new tokens per second, exact against plain, at batch 1 (`generate`) and batch B
 (`generate_batch`), for each preset asked, fp32.
 
     .venv/bin/python -m bench.invariant_decode [--presets tiny small] [--new 64] [--rounds 5]
+        [--kernels 1 2]
 
 The model is the preset's shape from its init (speed does not depend on the weights); greedy
-decoding after prompts of 16 tokens. Each round times the two paths back to back, alternating
-which goes first; the result is each path's median and the median of the per-round ratios
+decoding after prompts of 16 tokens. Each round times the plain path and the exact path with
+each product kernel asked (`octlm/model/exact_products.py`) back to back, the order rotating
+from round to round; the result is each path's median and the median of the per-round ratios
 (exact time / plain time: the cost factor). The decode alone: a round times each path's call
 for 1 new token (the prompt's prefill and the first token) and for `--new` tokens, and the
 decode's tokens/s is (new - 1) x batch over the difference; the prefill's factor is printed
@@ -21,11 +23,14 @@ import time
 
 import torch
 
+from octlm.config.rl import EXACT_KERNEL, EXACT_KERNELS
 from octlm.config.shape import PRESETS, preset
 from octlm.generation.sampling import generate, generate_batch
 from octlm.model.gpt import GPT
 
 PROMPT_LEN = 16
+PLAIN = 0
+"""The plain path's key among the kernels timed."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,46 +39,64 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--new", type=int, default=64, help="new tokens per row")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--kernels", nargs="+", type=int, default=[EXACT_KERNEL], choices=EXACT_KERNELS
+    )
     return parser
 
 
-def decode(model: GPT, prompts: list[list[int]], new: int, exact: bool) -> float:
+def decode(model: GPT, prompts: list[list[int]], new: int, kernel: int) -> float:
+    """Seconds to decode `new` tokens per prompt on the plain path (kernel `PLAIN`) or the
+    exact path with product kernel `kernel`."""
+    how = {"exact": kernel != PLAIN, "kernel": kernel or EXACT_KERNEL}
     t0 = time.perf_counter()
     if len(prompts) == 1:
-        generate(model, prompts[0], new, exact=exact)
+        generate(model, prompts[0], new, **how)
     else:
-        generate_batch(model, prompts, new, exact=exact)
+        generate_batch(model, prompts, new, **how)
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    args = build_parser().parse_args()
+def timed(model: GPT, prompts: list[list[int]], args: argparse.Namespace) -> dict[int, tuple]:
+    """Per path (`PLAIN` and each kernel): the decode's times and the first tokens' times, one
+    of each per round, the paths' order rotated each round."""
+    paths = [PLAIN, *args.kernels]
+    for path in paths:
+        decode(model, prompts, 4, path)  # warm each
+    times: dict[int, list[float]] = {k: [] for k in paths}
+    firsts: dict[int, list[float]] = {k: [] for k in paths}
+    for r in range(args.rounds):
+        for path in paths[r % len(paths) :] + paths[: r % len(paths)]:
+            first = decode(model, prompts, 1, path)
+            firsts[path].append(first)
+            times[path].append(decode(model, prompts, args.new, path) - first)
+    return {k: (times[k], firsts[k]) for k in paths}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     print(f"threads {torch.get_num_threads()}, {args.new} new tokens per row, greedy, fp32")
-    print("preset  batch  plain tok/s  exact tok/s  exact/plain time (median of rounds)")
+    print("preset  batch  kernel  plain tok/s  exact tok/s  exact/plain time (median of rounds)")
     for name in args.presets:
         torch.manual_seed(0)
         model = GPT(preset(name)).eval()
         vocab = model.config.vocab_size
         for batch in args.batches:
             prompts = [torch.randint(0, vocab, (PROMPT_LEN,)).tolist() for _ in range(batch)]
-            decode(model, prompts, 4, True)  # warm both paths
-            decode(model, prompts, 4, False)
-            times: dict[bool, list[float]] = {True: [], False: []}
-            firsts: dict[bool, list[float]] = {True: [], False: []}
-            for r in range(args.rounds):
-                for exact in (True, False) if r % 2 == 0 else (False, True):
-                    first = decode(model, prompts, 1, exact)
-                    firsts[exact].append(first)
-                    times[exact].append(decode(model, prompts, args.new, exact) - first)
-            ratios = [e / p for e, p in zip(times[True], times[False], strict=True)]
-            prefill = [e / p for e, p in zip(firsts[True], firsts[False], strict=True)]
+            runs = timed(model, prompts, args)
+            plain_times, plain_firsts = runs[PLAIN]
             total = batch * (args.new - 1)
-            plain, exact = (total / statistics.median(times[k]) for k in (False, True))
-            print(
-                f"{name:7s} {batch:5d}  {plain:11.1f}  {exact:11.1f}  "
-                f"{statistics.median(ratios):.2f}x {[round(x, 2) for x in ratios]}  "
-                f"prefill {statistics.median(prefill):.2f}x"
-            )
+            plain = total / statistics.median(plain_times)
+            for kernel in args.kernels:
+                times, firsts = runs[kernel]
+                ratios = [e / p for e, p in zip(times, plain_times, strict=True)]
+                prefill = [e / p for e, p in zip(firsts, plain_firsts, strict=True)]
+                print(
+                    f"{name:7s} {batch:5d}  {kernel:6d}  {plain:11.1f}  "
+                    f"{total / statistics.median(times):11.1f}  "
+                    f"{statistics.median(ratios):.2f}x {[round(x, 2) for x in ratios]}  "
+                    f"prefill {statistics.median(prefill):.2f}x"
+                )
 
 
 if __name__ == "__main__":
