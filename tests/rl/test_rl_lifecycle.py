@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -53,10 +54,14 @@ def folders(root: Path, dataset: Path) -> dict[str, tuple[Path, str]]:
 def test_both_kinds_refuse_another_commands_output_in_the_same_words(
     kind, tiny_dataset, tmp_path
 ) -> None:
-    out, words = folders(tmp_path, tiny_dataset)[kind]
+    # A copy: a refused trainer holds its lock file in the folder for a moment, which the
+    # tests that copy the shared dataset would otherwise meet.
+    dataset = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset, dataset)
+    out, words = folders(tmp_path, dataset)[kind]
     before = digest(out) if out.is_dir() else out.read_bytes()
     for command in (
-        ("train", *TRAIN, "--data", str(tiny_dataset), "--out", str(out)),
+        ("train", *TRAIN, "--data", str(dataset), "--out", str(out)),
         ("rl", "no-source", "--task", "count", "--out", str(out)),
     ):
         proc = octlm(*command, check=False)
