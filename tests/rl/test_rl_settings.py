@@ -18,6 +18,7 @@ from octlm.config.rl import KEY_ORDER, SECTIONS, RLConfig
 from octlm.config.rules import ConfigError, field_rule
 from octlm.config.train import FIELDS, TrainConfig
 from octlm.errors import OctlmError
+from tests.cli_in_process import main as cli_main
 from tests.e2e.helpers import end_hash
 from tests.e2e.helpers import octlm as run_octlm
 from tests.rl.helpers import RL, chat_source
@@ -121,8 +122,11 @@ def test_the_seed_past_json_is_refused_by_rl_as_by_train(tmp_path):
     assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
 
 
-def test_rl_help_groups_its_flags_by_section():
-    text = run_octlm("rl", "--help").stdout
+def test_rl_help_groups_its_flags_by_section(capsys):
+    with pytest.raises(SystemExit) as done:  # in this process: argparse's help exits 0
+        cli_main(["rl", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
     for name in SECTIONS:
         assert f"{name} settings" in text
     assert "--keep-last" in text and "--print-config" in text and "--config" in text
