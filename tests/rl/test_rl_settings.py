@@ -14,7 +14,7 @@ import pytest
 
 import octlm
 from octlm.config import checks
-from octlm.config.rl import KEY_ORDER, SECTIONS, RLConfig
+from octlm.config.rl import EXACT_KERNEL, KEY_ORDER, SECTIONS, RLConfig
 from octlm.config.rules import ConfigError, field_rule
 from octlm.config.train import FIELDS, TrainConfig
 from octlm.errors import OctlmError
@@ -199,3 +199,24 @@ def test_rl_section_rules_come_from_checks():
         assert isinstance(field_rule(f), checks.Int | checks.Number | checks.Bool | checks.Text), (
             key
         )
+
+
+def test_the_exact_kernel_is_settled_like_the_sampler():
+    """A new run takes the newest exact kernel and records it; a resume of a run without the key
+    (written before it) takes kernel 1, which its trajectory leaves out (its fingerprint stays);
+    a plain sampler records none; a kernel out of range is refused in one line."""
+    base = RLConfig(source="s", task="count", out="o")
+    new = base.resolved(None)
+    assert (new.sampler, new.exact_kernel) == ("exact", EXACT_KERNEL)
+    assert new.trajectory()["exact_kernel"] == EXACT_KERNEL == 2
+    old = base.resolved({"sampler": "exact"})
+    assert old.exact_kernel == 1 and "exact_kernel" not in old.trajectory()
+    unsettled = RLConfig(source="s", task="count", out="o", sampler="exact")  # as before the key
+    assert old.fingerprint({}) == unsettled.fingerprint({}) != new.fingerprint({})
+    assert base.resolved({"sampler": "exact", "exact_kernel": 2}).exact_kernel == 2
+    plain = RLConfig(source="s", task="count", out="o", sampler="plain").resolved(None)
+    assert "exact_kernel" not in plain.trajectory()
+    for bad in (0, 3, "two"):
+        with pytest.raises(ConfigError, match="exact_kernel") as refused:
+            RLConfig(source="s", task="count", out="o", exact_kernel=bad)
+        assert "\n" not in str(refused.value)
