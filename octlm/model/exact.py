@@ -70,7 +70,7 @@ class ExactCache:
         self.values = [weight.new_zeros(shape) for _ in range(cfg.n_layers)]
         self.length = 0
         """Positions filled, kept by a caller whose rows all hold the same count (a chat)."""
-        self.packs: dict[int, Any] = {}
+        self.packs: dict[Any, Any] = {}
         """The weights packed for this decode (`product`): the model must not change during it."""
 
 
@@ -113,7 +113,7 @@ def forward_exact(
         raise ValueError(f"positions up to {last} do not fit context {limit}")
     if cache is None and bool(start.any()):
         raise ValueError("without a cache every row starts at position 0")
-    packs: dict[int, Any] = {} if cache is None else cache.packs
+    packs: dict[Any, Any] = {} if cache is None else cache.packs
     kernel = kernel if cache is None else cache.kernel
     group = model.config.n_heads // model.config.n_kv_heads
     layout = Layout(
@@ -156,7 +156,7 @@ def _attend(
     cache: ExactCache | None,
     where: tuple[int, int],
     first_values: Tensor | None,
-    packs: dict[int, Any],
+    packs: dict[Any, Any],
 ) -> tuple[Tensor, Tensor]:
     """`Attention.forward` of rows x (M, C) (the first B * T real): output (M, C), values.
     `where`: the layer's index and the products' kernel."""

@@ -17,9 +17,8 @@ import torch.nn.functional as F
 
 from octlm.config.shape import preset
 from octlm.model.exact import ExactCache, forward_exact
-from octlm.model.exact_products import pack, rows_invariant
+from octlm.model.exact_products import CHUNK, ROWS, chunks, pack, product, rows_invariant
 from octlm.model.gpt import GPT
-from octlm.model.packed import onednn_linear
 
 SHAPES = [(1152, 384), (384, 384), (4096, 384), (384, 1024), (32768, 384), (576, 192), (100, 37)]
 """(out, in) of `small`'s joined q/k/v, output, joined w1/w3 and w2 products and its head, one
@@ -27,8 +26,16 @@ of `tiny`'s, and an odd one."""
 ROW_COUNTS = (1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 65, 127, 300, 512, 1024)
 
 
+def rows_of(x: torch.Tensor, weight: torch.Tensor, packs: dict) -> torch.Tensor:
+    """The exact path's product of x's rows (padded to a whole tile, as `forward_exact` pads)."""
+    short = -len(x) % ROWS
+    return product(F.pad(x, (0, 0, 0, short)), (weight,), packs, 2)[: len(x)]
+
+
 @torch.no_grad()
 def test_kernel_2_gives_a_row_its_bits_at_any_row_count_and_offset() -> None:
+    """Through `product`, as the exact path calls it: oneDNN's chunks for 3 rows and more, MKL's
+    tiles of the same bits for one tile (1-2 rows) where they agree."""
     generator = torch.Generator().manual_seed(0)
     plain_differs = False
     for out, inp in SHAPES:
@@ -36,25 +43,29 @@ def test_kernel_2_gives_a_row_its_bits_at_any_row_count_and_offset() -> None:
         # The head (32768 x 384) up to 127 rows (its products cost 30x a layer's); the others
         # up to 1,024.
         x = torch.randn(1024 if out * inp < 1 << 22 else 128, inp, generator=generator)
-        served, packed = pack(weight, 2)
-        if not rows_invariant():  # this machine's oneDNN failed the check: the tiles serve
-            assert served == 1
-            continue
-        assert served == 2
-        whole = onednn_linear(x, packed)
+        served, _ = pack(weight, 2)
+        assert served == (2 if rows_invariant() else 1)  # where oneDNN fails: kernel 1's tiles
+        packs: dict = {}
+        whole = rows_of(x, weight, packs)
         for rows in (r for r in ROW_COUNTS if r <= len(x)):
             for start in sorted({0, 1, (len(x) - rows) // 2}):
-                part = onednn_linear(x[start : start + rows], packed)
+                part = rows_of(x[start : start + rows], weight, packs)
                 assert torch.equal(part, whole[start : start + rows]), (out, inp, rows, start)
         # The control: PyTorch's own product picks its kernel by the row count.
         plain = F.linear(x, weight)
         plain_differs |= not torch.equal(F.linear(x[:1], weight), plain[:1])
-    assert plain_differs or not rows_invariant(), "F.linear held a row's bits: a weak control"
+    assert plain_differs, "F.linear held a row's bits: a weak control"
 
 
-def small_model(seed: int = 0) -> GPT:
+def test_kernel_2_cuts_the_inputs_into_equal_chunks_of_at_most_384() -> None:
+    assert chunks(384) == [(0, 384)] and chunks(37) == [(0, 37)]
+    assert chunks(1024) == [(0, 342), (342, 684), (684, 1024)]
+    assert chunks(512) == [(0, 256), (256, 512)] and CHUNK == 384
+
+
+def small_model(seed: int = 0, **shape) -> GPT:
     torch.manual_seed(seed)
-    return GPT(preset("tiny", context=140)).eval()
+    return GPT(preset("tiny", context=140, **shape)).eval()
 
 
 @pytest.mark.parametrize("kernel", [1, 2])
@@ -72,7 +83,9 @@ def test_each_kernel_decodes_the_full_forwards_bits(kernel) -> None:
 
 @torch.no_grad()
 def test_the_kernels_give_other_bits_and_the_same_at_one_and_two_threads() -> None:
-    model = small_model()
+    """A hidden width of 1,000: w2's 1,000 inputs are 3 chunks of kernel 2, which MKL's tiles
+    (kernel 1) cut otherwise. (With `tiny`'s 512 they cut them alike: the same bits.)"""
+    model = small_model(d_ff=1000)
     ids = torch.randint(0, 4096, (4, 100), generator=torch.Generator().manual_seed(2))
     threads = torch.get_num_threads()
     try:
