@@ -19,13 +19,15 @@ resumed run keeps drawing its own bits):
   oneDNN's older paths do not hold it (with `ONEDNN_MAX_CPU_ISA=AVX` a row's bits follow the
   row count; `=SSE41` a lone row's), so `rows_invariant()` checks on first use, on this
   machine, and where it fails kernel 2 is kernel 1's tiles (one machine's bits, as ever).
-  Why the chunks: for 1 or 2 rows oneDNN's call costs more than MKL's, and within 384 inputs
-  MKL's packed 2-row tile adds each output's products in oneDNN's order (`tiles_agree`,
-  checked once per shape), so a decode step's single tile runs on MKL's tiles at kernel 2's
-  very bits. On `small` (docs/performance.md, "Exact products") a step's products cost at 8
-  rows about 0.4x and at 64 rows about 0.16x what kernel 1's tiles cost, at 1 row about the
-  same. (Where MKL's tiles cut a weight's inputs as the chunks do, kernels 1 and 2 give the
-  same bits: on this machine every weight of `tiny`, whose widest has 512 inputs.)
+  Why the chunks: for 1 or 2 rows oneDNN's call costs more than MKL's, and MKL's packed 2-row
+  tile adds each output's products in the same order as long as both cut the inputs alike
+  (`tile_cut`, checked once per shape: within 384 inputs neither cuts; MKL's tile cuts 512 in
+  halves as the chunks do, 1,024 otherwise, where a tile per chunk still agrees). So a decode
+  step's single tile of rows runs on MKL's tiles at kernel 2's very bits, and oneDNN serves
+  from 3 rows on. On `small` (docs/performance.md, "Exact products") a step's products cost
+  at 8 rows about half and at 64 rows about a fifth of kernel 1's tiles, at 1-2 rows about the
+  same. (Where MKL's tiles cut every weight as the chunks do, kernels 1 and 2 give the same
+  bits: on this machine every weight of `tiny`, whose widest has 512 inputs.)
 
 Outside float32 on CPU (bf16, autocast, CUDA) both kernels are a plain product per tile of
 `ROWS` rows: its shape fixed, its bits its own. Every kernel pads the rows to a multiple of
@@ -35,6 +37,7 @@ Outside float32 on CPU (bf16, autocast, CUDA) both kernels are a plain product p
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,7 +56,7 @@ a tile is MKL's product with the weight packed once for 2 rows: measured at 1 th
 CHUNK = 384
 """Kernel 2's products cut a weight's inputs into parts of at most this many, each its own
 product, their results added in order: within 384 inputs MKL's 2-row tile and oneDNN add in the
-same order (`tiles_agree`), so a decode step's tile may run on MKL's faster call for 1-2 rows."""
+same order (`tile_cut`), so a decode step's tile may run on MKL's faster call for 1-2 rows."""
 
 
 def padded_rows(n: int) -> int:
@@ -100,23 +103,42 @@ def chunks(inputs: int) -> list[tuple[int, int]]:
 
 
 @functools.cache
-def tiles_agree(out: int, inp: int) -> bool:
-    """Whether MKL's packed 2-row tile gives an (out, inp) weight oneDNN's bits on this machine.
-    Both add each output's products over the inputs one after another, which gives one result
-    whatever the kernel, until a kernel cuts the inputs into blocks and adds the blocks' sums
-    (measured: they agree on weights of 192 and 384 inputs, not of 512 and 1,024; hence
-    `CHUNK`). Orders that differ differ on random inputs (2 x `out` sums), so one draw
+def tile_cut(out: int, inp: int) -> str:
+    """How MKL's packed 2-row tile gives an (out, inp) weight kernel 2's bits on this machine:
+    "whole" (one tile over every input: its own cut of the inputs is the chunks'), "chunks"
+    (a tile per chunk, added in order), or "none". Both kernels add each output's products
+    over the inputs one after another, which gives one result whatever the kernel, until a
+    kernel cuts the inputs into blocks and adds the blocks' sums (measured here: MKL's tile
+    cuts 512 inputs in 2 halves, as the chunks do, and 1,024 otherwise; within 384 it does
+    not cut). Orders that differ differ on random inputs (2 x `out` sums), so one draw
     decides, once per shape and process."""
     if not torch.backends.mkl.is_available():
-        return False
+        return "none"
     generator = torch.Generator().manual_seed(out * 100_003 + inp)
     weight = torch.randn(out, inp, generator=generator)
     x = torch.randn(ROWS, inp, generator=generator)
     try:
-        tiled = torch.ops.mkl._mkl_linear(x, mkl_pack(weight), weight, None, ROWS)
-        return torch.equal(tiled, onednn_linear(x, onednn_pack(weight)))
+        want = run_chunks(x, onednn_parts(weight), tiles=False)
+        if torch.equal(torch.ops.mkl._mkl_linear(x, mkl_pack(weight), weight, None, ROWS), want):
+            return "whole"
+        if torch.equal(run_chunks(x, mkl_parts(weight), tiles=True), want):
+            return "chunks"
     except (RuntimeError, AttributeError):  # a build without these ops
-        return False
+        pass
+    return "none"
+
+
+def onednn_parts(weight: Tensor) -> list[tuple[int, int, Tensor]]:
+    """Kernel 2's packing: (lo, hi, oneDNN's packing of the chunk) per chunk."""
+    cuts = chunks(weight.shape[1])
+    return [(lo, hi, onednn_pack(weight[:, lo:hi].contiguous())) for lo, hi in cuts]
+
+
+def mkl_parts(weight: Tensor, whole: bool = False) -> list[tuple[int, int, Tensor, Tensor]]:
+    """(lo, hi, MKL's 2-row packing, the chunk) per chunk, or for the whole weight."""
+    cuts = [(0, weight.shape[1])] if whole else chunks(weight.shape[1])
+    parts = [(lo, hi, weight[:, lo:hi].contiguous()) for lo, hi in cuts]
+    return [(lo, hi, mkl_pack(part), part) for lo, hi, part in parts]
 
 
 def mkl_pack(weight: Tensor) -> Tensor:
@@ -129,42 +151,57 @@ def pack(weight: Tensor, kernel: int) -> tuple[int, Any]:
     if not packable(weight):
         return 0, None
     if kernel >= 2 and rows_invariant():
-        cuts = chunks(weight.shape[1])
-        return 2, [(lo, hi, onednn_pack(weight[:, lo:hi].contiguous())) for lo, hi in cuts]
+        return 2, onednn_parts(weight)
     if torch.backends.mkl.is_available():
         return 1, mkl_pack(weight)
     return 0, None
 
 
 def tile_packs(weight: Tensor) -> list[tuple[int, int, Tensor, Tensor]] | None:
-    """Kernel 2's chunks as MKL's 2-row tiles (lo, hi, packed, chunk), where every chunk's tile
-    gives oneDNN's bits (`tiles_agree`); else None."""
-    parts = [(lo, hi, weight[:, lo:hi].contiguous()) for lo, hi in chunks(weight.shape[1])]
-    if not all(tiles_agree(*chunk.shape) for *_, chunk in parts):
-        return None
-    return [(lo, hi, mkl_pack(chunk), chunk) for lo, hi, chunk in parts]
+    """Kernel 2's product as MKL's 2-row tiles of the same bits (`tile_cut`), or None."""
+    cut = tile_cut(*weight.shape)
+    return None if cut == "none" else mkl_parts(weight, whole=cut == "whole")
+
+
+def run_chunks(x: Tensor, parts: list[tuple], tiles: bool) -> Tensor:
+    """Kernel 2: each chunk's product, by oneDNN (`pack`'s parts) or by MKL's tiles of the same
+    bits (`tile_packs`' parts, for one tile of rows), added in chunk order (a left fold: the
+    same additions whichever way)."""
+    one = len(parts) == 1
+    out = None
+    for part in parts:
+        rows = x if one else x[:, part[0] : part[1]].contiguous()
+        if tiles:
+            y = torch.ops.mkl._mkl_linear(rows, part[2], part[3], None, ROWS)
+        else:
+            y = onednn_linear(rows, part[2])
+        out = y if out is None else out + y
+    return out
 
 
 def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
-    """x @ weight.T by the kernel `pack` chose: kernel 2's chunks by oneDNN (2) or, one tile of
-    rows, by MKL's tiles of the same bits (3), each chunk's product then added in chunk order
-    (a left fold: the same additions whichever way); MKL's tiles (1), plain tiles (0)."""
+    """x @ weight.T by the kernel `pack` chose: kernel 2's chunks by oneDNN (2) or MKL's tiles
+    of the same bits (3); kernel 1's MKL tiles (1); plain tiles (0)."""
     if served >= 2:
-        out = None
-        for lo, hi, chunk_pack, *chunk in packed:
-            part = x if len(packed) == 1 else x[:, lo:hi].contiguous()
-            if served == 2:
-                part = onednn_linear(part, chunk_pack)
-            else:
-                part = torch.ops.mkl._mkl_linear(part, chunk_pack, chunk[0], None, ROWS)
-            out = part if out is None else out + part
-        return out
+        return run_chunks(x, packed, served == 3)
     tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step of 1 row: one tile
     if served == 1:
         parts = [torch.ops.mkl._mkl_linear(t, packed, weight, None, ROWS) for t in tiles]
     else:
         parts = [F.linear(t, weight) for t in tiles]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass(slots=True)
+class Held:
+    """One weight's (or joined weights') packing for a `packs` dict's life."""
+
+    joined: Tensor
+    served: int
+    packed: Any
+    tiles: Any = None
+    """`tile_packs` of the joined weight once a single tile of rows has asked (kernel 2)."""
+    tiles_known: bool = False
 
 
 class PackedProduct(torch.autograd.Function):
@@ -194,18 +231,17 @@ def product(
     held = packs.get(id(weights[0]))
     if held is None:  # the kernel is decided here, once
         joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
-        held = packs[id(weights[0])] = (joined, *pack(joined, kernel))
-    joined, served, packed = held
+        held = packs[id(weights[0])] = Held(joined, *pack(joined, kernel))
+    served, packed = held.served, held.packed
     if served == 2 and x.shape[0] == ROWS:
         # One tile (a decode step of 1 or 2 rows): MKL's tiles give kernel 2's chunks oneDNN's
         # very bits, at about MKL's 1-row cost where oneDNN's call costs more there.
-        key = (id(weights[0]), ROWS)
-        if key not in packs:
-            packs[key] = tile_packs(joined)
-        if packs[key] is not None:
-            served, packed = 3, packs[key]
+        if not held.tiles_known:
+            held.tiles, held.tiles_known = tile_packs(held.joined), True
+        if held.tiles is not None:
+            served, packed = 3, held.tiles
     grad = torch.is_grad_enabled() and weights[0].requires_grad
-    weight = torch.cat(weights) if grad and len(weights) > 1 else joined
+    weight = torch.cat(weights) if grad and len(weights) > 1 else held.joined
     if grad and served:
         return PackedProduct.apply(x, weight, packed, served)
     return run_packed(served, x, weight, packed)
