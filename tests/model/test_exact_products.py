@@ -93,9 +93,14 @@ def test_the_kernels_give_other_bits_and_the_same_at_one_and_two_threads() -> No
         one = [forward_exact(model, ids, kernel=k) for k in (1, 2)]
         torch.set_num_threads(2)
         two = [forward_exact(model, ids, kernel=k) for k in (1, 2)]
+        cache = ExactCache(model, 1, 2)  # and kernel 2's decode, its 1-2 row tiles, at 2 threads
+        decoded = [forward_exact(model, ids[:1, :90], cache)]
+        for at in range(90, 100):
+            decoded.append(forward_exact(model, ids[:1, at : at + 1], cache, torch.tensor([at])))
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    assert torch.equal(torch.cat(decoded, dim=1), one[1][:1])
     # The control: another kernel, other bits (where oneDNN serves); the same values near.
     assert torch.equal(one[0], one[1]) is not rows_invariant()
     assert torch.allclose(one[0], one[1], atol=1e-4)
