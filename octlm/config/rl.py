@@ -224,8 +224,9 @@ KEY_ORDER = (
     *("keep_last", "stop_at", "resume", "log_to", "progress", "device", "dist_timeout"),
     *("skip_nonfinite", "hash_every", "profile_steps"),
 )
-ADDED_KEYS = ("on_policy", "sampler", "exact_kernel", "skip_nonfinite", "hash_every")
-ADDED_KEYS += ("profile_steps",)
+ADDED_KEYS = (
+    *("on_policy", "sampler", "exact_kernel", "skip_nonfinite", "hash_every", "profile_steps"),
+)
 """Keys added after RL runs existed: `to_dict()` records one only when it is not at its
 default, so what an RL run records of its settings stays the bytes it always was unless the
 run uses them (they decide no bit of the trajectory)."""

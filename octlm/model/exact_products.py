@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from octlm.config.rl import EXACT_KERNEL
-from octlm.model.packed import onednn_linear, onednn_pack
+from octlm.model.packed import float32_cpu, onednn_linear, onednn_pack
 
 ROWS = 2
 """Rows of kernel 1's tiles (and the multiple every kernel pads the rows to). In float32 on CPU
@@ -61,15 +61,6 @@ same order (`tile_cut`), so a decode step's tile may run on MKL's faster call fo
 
 def padded_rows(n: int) -> int:
     return -(-n // ROWS) * ROWS
-
-
-def packable(weight: Tensor) -> bool:
-    """float32 on CPU outside autocast: where the packed kernels serve."""
-    return (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and not torch.is_autocast_enabled("cpu")
-    )
 
 
 @functools.cache
@@ -148,7 +139,7 @@ def mkl_pack(weight: Tensor) -> Tensor:
 def pack(weight: Tensor, kernel: int) -> tuple[int, Any]:
     """The kernel that serves `weight` on this machine (`run_packed`'s `served`) and its packed
     copy: for kernel 2 one oneDNN packing per input chunk, (lo, hi, packed)."""
-    if not packable(weight):
+    if not float32_cpu(weight):
         return 0, None
     if kernel >= 2 and rows_invariant():
         return 2, onednn_parts(weight)
@@ -192,6 +183,10 @@ def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+NOT_YET = object()
+"""`Held.tiles` before any single tile of rows asked for them."""
+
+
 @dataclass(slots=True)
 class Held:
     """One weight's (or joined weights') packing for a `packs` dict's life."""
@@ -199,9 +194,9 @@ class Held:
     joined: Tensor
     served: int
     packed: Any
-    tiles: Any = None
-    """`tile_packs` of the joined weight once a single tile of rows has asked (kernel 2)."""
-    tiles_known: bool = False
+    tiles: Any = NOT_YET
+    """`tile_packs` of the joined weight (None: none agree), made when a single tile of rows
+    first asks (kernel 2)."""
 
 
 class PackedProduct(torch.autograd.Function):
@@ -236,8 +231,8 @@ def product(
     if served == 2 and x.shape[0] == ROWS:
         # One tile (a decode step of 1 or 2 rows): MKL's tiles give kernel 2's chunks oneDNN's
         # very bits, at about MKL's 1-row cost where oneDNN's call costs more there.
-        if not held.tiles_known:
-            held.tiles, held.tiles_known = tile_packs(held.joined), True
+        if held.tiles is NOT_YET:
+            held.tiles = tile_packs(held.joined)
         if held.tiles is not None:
             served, packed = 3, held.tiles
     grad = torch.is_grad_enabled() and weights[0].requires_grad

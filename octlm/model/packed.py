@@ -48,14 +48,18 @@ def onednn_linear(x: Tensor, packed: Tensor) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
 
 
-def packable(weight: Tensor) -> bool:
-    """oneDNN's packed product serves float32 CPU weights outside autocast."""
+def float32_cpu(weight: Tensor) -> bool:
+    """A float32 CPU weight outside autocast: what the packed products (oneDNN's, MKL's) take."""
     return (
         weight.dtype == torch.float32
         and weight.device.type == "cpu"
         and not torch.is_autocast_enabled("cpu")
-        and torch.backends.mkldnn.is_available()
     )
+
+
+def packable(weight: Tensor) -> bool:
+    """oneDNN's packed product serves float32 CPU weights outside autocast."""
+    return float32_cpu(weight) and torch.backends.mkldnn.is_available()
 
 
 class PackedWeights:
