@@ -165,15 +165,15 @@ def _attend(
     B, T = layout.B, layout.T
     n = B * T
     qkv = product(x, (attn.wq.weight, attn.wk.weight, attn.wv.weight), packs, kernel)[:n]
-    q, k, v = qkv.split((H * D, KV * D, KV * D), dim=-1)
-    q = q.reshape(B, T, H, D).transpose(1, 2)
-    k = k.reshape(B, T, KV, D).transpose(1, 2)
-    v = v.reshape(B, T, KV, D).transpose(1, 2)
+    heads = qkv.view(B, T, H + 2 * KV, D).transpose(1, 2)  # (B, heads, T, D): q, k, v
+    qk, v = heads[:, : H + KV], heads[:, H + KV :]
     if attn.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
+        qk = torch.cat((attn.q_norm(qk[:, :H]), attn.k_norm(qk[:, H:])), dim=1)
     if first_values is not None:
         v = 0.5 * (v + first_values)
-    q, k = apply_rope(q, layout.cos, layout.sin), apply_rope(k, layout.cos, layout.sin)
+    # RoPE is elementwise: q's and k's heads rotated in one call are the bits of one call each.
+    qk = apply_rope(qk, layout.cos, layout.sin)
+    q, k = qk[:, :H], qk[:, H:]
     width = layout.masked.shape[3] * KEYS
     if cache is None:  # positions are 0..T-1
         keys = F.pad(k, (0, 0, 0, width - T))
@@ -183,11 +183,11 @@ def _attend(
         held_k.scatter_(2, layout.slots, k.to(held_k.dtype))  # (one op: cheaper than indexing)
         held_v.scatter_(2, layout.slots, v.to(held_v.dtype))
         keys, values = held_k[:, :, :width], held_v[:, :, :width]
-    y = attention(q, keys, values, layout.masked)  # (B, H, T, D) float32
-    y = y.to(x.dtype).transpose(1, 2).reshape(n, H * D)
-    if x.shape[0] > n:
-        y = F.pad(y, (0, 0, 0, x.shape[0] - n))
-    return tiled_linear(y, attn.wo.weight, packs, kernel), v
+    y = attention(q, keys, values, layout.masked)  # (B, KV, group, T, D) float32
+    # One copy puts the heads back in (row, head) order, in x's dtype, with x's padding rows.
+    out = x.new_zeros(x.shape[0], H * D)
+    out[:n].view(B, T, KV, H // KV, D).copy_(y.permute(0, 3, 1, 2, 4))
+    return tiled_linear(out, attn.wo.weight, packs, kernel), v
 
 
 def future_keys(positions: Tensor, group: int, last: int) -> Tensor:
@@ -198,7 +198,8 @@ def future_keys(positions: Tensor, group: int, last: int) -> Tensor:
     B, T = positions.shape
     rows = group * T
     nq, nk = -(-rows // QUERIES), -(-(last + 1) // KEYS)
-    qpos = F.pad(positions.repeat(1, group), (0, nq * QUERIES - rows))
+    each = positions.unsqueeze(1).expand(B, group, T).reshape(B, rows)  # (cheaper than repeat)
+    qpos = F.pad(each, (0, nq * QUERIES - rows))
     slot = torch.arange(nk * KEYS, device=positions.device).view(1, 1, 1, nk, 1, KEYS)
     return slot > qpos.view(B, 1, nq, 1, QUERIES, 1)
 
@@ -209,23 +210,24 @@ def as_float(x: Tensor) -> Tensor:
 
 def attention(q: Tensor, keys: Tensor, values: Tensor, masked: Tensor) -> Tensor:
     """Causal attention of q (B, H, T, D) over keys and values (B, KV, W, D), key j at position
-    j, W a multiple of KEYS, `masked` from `future_keys`: float32 (B, H, T, D), computed in
-    fixed tiles (the module's docstring). The query heads of a key/value head are its rows."""
+    j, W a multiple of KEYS, `masked` from `future_keys`: float32 (B, KV, H // KV, T, D) (the
+    query heads of a key/value head are its rows), computed in fixed tiles (the module's
+    docstring)."""
     B, H, T, D = q.shape
     KV, W = keys.shape[1], keys.shape[2]
-    rows = H // KV * T
+    group = H // KV
+    rows = group * T
     nq, nk = masked.shape[2], W // KEYS
-    q = as_float(q).reshape(B, KV, rows, D)
-    if rows < nq * QUERIES:
-        q = F.pad(q, (0, 0, 0, nq * QUERIES - rows))
-    q = q.view(B, KV, nq, 1, QUERIES, D)
+    tiles = q.new_zeros((B, KV, nq * QUERIES, D), dtype=torch.float32)  # the last tile padded
+    tiles[:, :, :rows].view(B, KV, group, T, D).copy_(q.view(B, KV, group, T, D))
+    tiles = tiles.view(B, KV, nq, 1, QUERIES, D)
     kt = as_float(keys).view(B, KV, 1, nk, KEYS, D).transpose(-1, -2)
     vt = as_float(values).view(B, KV, 1, nk, KEYS, D)
     scale = 1.0 / math.sqrt(D)
     out = []
     for at in range(0, nq, QUERY_TILES):
         part = slice(at, at + QUERY_TILES)
-        scores = torch.matmul(q if nq <= QUERY_TILES else q[:, :, part], kt) * scale
+        scores = torch.matmul(tiles if nq <= QUERY_TILES else tiles[:, :, part], kt) * scale
         scores = scores.masked_fill(masked[:, :, part], float("-inf"))  # (.., nk, QUERIES, KEYS)
         top = scores.amax(dim=(3, 5), keepdim=True)
         weights = torch.exp(scores - top)
@@ -236,4 +238,4 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, masked: Tensor) -> Tensor
             total, summed = total[:, :, :, 0], summed[:, :, :, 0]
         out.append(summed / total.unsqueeze(-1))  # (B, KV, nq', QUERIES, D)
     y = out[0] if len(out) == 1 else torch.cat(out, dim=2)
-    return y.view(B, KV, nq * QUERIES, D)[:, :, :rows].reshape(B, H, T, D)
+    return y.view(B, KV, nq * QUERIES, D)[:, :, :rows].view(B, KV, group, T, D)
