@@ -1,0 +1,127 @@
+"""The exact path's bits do not drift: today's `forward_exact` gives, for both product kernels,
+the bits that the code which introduced kernel 2 gave on this machine. An on-policy RL run
+records the kernel it sampled with (`exact_kernel`) and resumes on it, which holds only while a
+kernel's bits stay put; a refactor of the attention or the products that moved them would
+continue such a run inexactly. The old side runs the old code from the repository's history
+(tests/old_code.py), here: it saves its weights and logits, today's code loads the weights and
+must land on the logits. Cases: a full forward, a decode after a prefill, a batch of rows of
+other lengths padded on the right, past one key tile and past `QUERY_TILES` query tiles; float32
+and a bfloat16 model; q/k norm, value residual and a logit soft cap. Control: the plain cached
+path asked the same differs (tests/model/test_exact.py proves the path's invariances)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from octlm.model.exact import ExactCache, forward_exact
+from tests.old_code import extract, run_old
+from tests.shared import shared
+
+pytestmark = pytest.mark.slow
+KERNEL_2 = "9787f5c"
+"""A commit with both kernels (kernel 2 came in b2399b8's parent), before the exact path's
+attention and RoPE were rearranged for fewer ops."""
+
+CASES = textwrap.dedent(
+    """
+    import dataclasses, sys
+    import torch
+    from safetensors.torch import save_file
+    from octlm.config.shape import preset
+    from octlm.model.gpt import GPT
+
+    def model_of(options, dtype):
+        torch.manual_seed(0)
+        return GPT(preset("tiny", context=160, **options)).eval().to(dtype)
+
+    OPTIONS = [{}, {"qk_norm": True, "value_residual": True, "logit_softcap": 15.0}]
+    DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+    LENGTHS = [150, 70, 1]
+
+    def ids_of(vocab):
+        g = torch.Generator().manual_seed(7)
+        return torch.randint(0, vocab, (len(LENGTHS), max(LENGTHS)), generator=g)
+
+    def cases(forward_exact, ExactCache, load):
+        out = {}
+        for o, options in enumerate(OPTIONS):
+            for name, dtype in DTYPES.items():
+                model = model_of(options, dtype)
+                if load is not None:
+                    model.load_state_dict(load(f"{o}.{name}"))
+                ids = ids_of(model.config.vocab_size)
+                for kernel in (1, 2):
+                    key = f"{o}.{name}.k{kernel}"
+                    with torch.no_grad():
+                        out[key + ".full"] = forward_exact(model, ids, kernel=kernel)
+                        cache = ExactCache(model, len(LENGTHS), kernel)
+                        start = torch.tensor(LENGTHS) - 1
+                        forward_exact(model, ids[:, :-1], cache)
+                        step = ids.gather(1, start.view(-1, 1))
+                        out[key + ".decode"] = forward_exact(model, step, cache, start)
+                if load is None:
+                    for k, v in model.state_dict().items():
+                        out[f"weights.{o}.{name}.{k}"] = v
+        return out
+    """
+)
+OLD_SIDE = CASES + textwrap.dedent(
+    """
+    from octlm.model.exact import ExactCache, forward_exact
+    tensors = cases(forward_exact, ExactCache, None)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, sys.argv[1])
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def old_bits(tmp_path_factory) -> dict[str, torch.Tensor]:
+    def build(root: Path) -> None:
+        tree = extract(KERNEL_2, root / "code")
+        (root / "cases.py").write_text(OLD_SIDE)
+        run_old(tree, str(root / "cases.py"), str(root / "bits.safetensors"))
+
+    folder = shared(tmp_path_factory, "exact-kernel-2-bits", build)
+    return load_file(str(folder / "bits.safetensors"))
+
+
+def test_both_kernels_give_the_old_codes_bits(old_bits):
+    space: dict = {}
+    exec(compile(CASES, "cases", "exec"), space)
+
+    def weights(prefix: str) -> dict[str, torch.Tensor]:
+        head = f"weights.{prefix}."
+        return {k[len(head) :]: v for k, v in old_bits.items() if k.startswith(head)}
+
+    today = space["cases"](forward_exact, ExactCache, weights)
+    logits = {k: v for k, v in old_bits.items() if not k.startswith("weights.")}
+    assert sorted(today) == sorted(logits)
+    moved = [k for k in logits if not torch.equal(today[k], logits[k])]
+    assert not moved, f"the exact path's bits moved in {moved}"
+
+
+def test_the_control_the_plain_path_differs_from_the_old_bits(old_bits):
+    """The same question to the plain cached decode lands elsewhere: the comparison above can
+    tell bits apart."""
+    from octlm.config.shape import preset
+    from octlm.model.gpt import GPT
+    from octlm.model.kvcache import KVCache, forward_cached
+
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", context=160)).eval()
+    head = "weights.0.f32."
+    model.load_state_dict({k[len(head) :]: v for k, v in old_bits.items() if k.startswith(head)})
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, model.config.vocab_size, (3, 150), generator=g)
+    with torch.no_grad():
+        cache = KVCache(model, 1)
+        forward_cached(model, ids[:1, :149], cache)
+        plain = forward_cached(model, ids[:1, 149:150], cache)[0, -1]
+    exact = old_bits["0.f32.k2.decode"][0, -1]
+    assert plain.shape == exact.shape
+    assert not torch.equal(plain, exact)
