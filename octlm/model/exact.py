@@ -26,6 +26,11 @@ zeros and change no bit. A row's keys sit at its own positions 0, 1, ... (a batc
 the right, never on the left), so a row alone and in any batch reduce over the same layout.
 Elementwise ops (norms, RoPE, SwiGLU, residual adds) act on each row alone.
 
+A decode step of a small model costs its op count more than its arithmetic, so the path keeps
+ops few without moving a bit (tests/model/test_exact_history.py holds the bits to an earlier
+commit's): q and k rotated in one call, buffers zeroed once per call and reused by each layer,
+the attention's last op writing the output projection's input, the cache's tile views kept.
+
 The training forward (`GPT.forward`) is untouched: this path is for inference, asked for with
 `exact=True` (`octlm/generation/sampling.py`, `octlm/evaluate/likelihood.py`).
 """
@@ -33,7 +38,8 @@ The training forward (`GPT.forward`) is untouched: this path is for inference, a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -72,6 +78,9 @@ class ExactCache:
         """Positions filled, kept by a caller whose rows all hold the same count (a chat)."""
         self.packs: dict[Any, Any] = {}
         """The weights packed for this decode (`product`): the model must not change during it."""
+        self.tiled: dict[int, tuple[Tensor, int, Tensor, Tensor]] = {}
+        """Per layer: the keys tensor, a key tile count and `key_tiles` of it (a decode step
+        reuses its views of the cache until the tensors or the count change)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,8 @@ class Layout:
     masked: Tensor  # `future_keys`
     rows: Tensor  # (B, 1): each row's index
     slots: Tensor  # (B, KV heads, T, D): each new key's slot in the cache, for its writes
+    scratch: list[Tensor] = field(default_factory=list)
+    """Buffers every layer reuses when no autograd records them (`scratch`)."""
 
 
 def forward_exact(
@@ -174,19 +185,27 @@ def _attend(
     # RoPE is elementwise: q's and k's heads rotated in one call are the bits of one call each.
     qk = apply_rope(qk, layout.cos, layout.sin)
     q, k = qk[:, :H], qk[:, H:]
-    width = layout.masked.shape[3] * KEYS
+    nk = layout.masked.shape[3]
     if cache is None:  # positions are 0..T-1
-        keys = F.pad(k, (0, 0, 0, width - T))
-        values = F.pad(v, (0, 0, 0, width - T))
+        kt, vt = key_tiles(F.pad(k, (0, 0, 0, nk * KEYS - T)), F.pad(v, (0, 0, 0, nk * KEYS - T)))
     else:
         held_k, held_v = cache.keys[layer], cache.values[layer]
         held_k.scatter_(2, layout.slots, k.to(held_k.dtype))  # (one op: cheaper than indexing)
         held_v.scatter_(2, layout.slots, v.to(held_v.dtype))
-        keys, values = held_k[:, :, :width], held_v[:, :, :width]
-    y = attention(q, keys, values, layout.masked)  # (B, KV, group, T, D) float32
-    # One copy puts the heads back in (row, head) order, in x's dtype, with x's padding rows.
-    out = x.new_zeros(x.shape[0], H * D)
-    out[:n].view(B, T, KV, H // KV, D).copy_(y.permute(0, 3, 1, 2, 4))
+        seen = cache.tiled.get(layer)
+        if seen is None or seen[0] is not held_k or seen[1] != nk:
+            tiles = key_tiles(held_k[:, :, : nk * KEYS], held_v[:, :, : nk * KEYS])
+            seen = (held_k, nk, *tiles)
+            if held_k.dtype == torch.float32:  # views of the cache (else copies: not kept)
+                cache.tiled[layer] = seen
+        kt, vt = seen[2], seen[3]
+    out, into, tiles = scratch(layout, lambda: buffers(x, layout, (KV, H // KV, D)))
+    # The attention's last op writes the output projection's input where autograd allows (an
+    # `out=`), else one copy does.
+    if torch.is_grad_enabled():
+        into.copy_(attention(q, kt, vt, layout.masked, tiles))
+    else:
+        attention(q, kt, vt, layout.masked, tiles, into)
     return tiled_linear(out, attn.wo.weight, packs, kernel), v
 
 
@@ -208,34 +227,76 @@ def as_float(x: Tensor) -> Tensor:
     return x if x.dtype == torch.float32 else x.float()
 
 
-def attention(q: Tensor, keys: Tensor, values: Tensor, masked: Tensor) -> Tensor:
-    """Causal attention of q (B, H, T, D) over keys and values (B, KV, W, D), key j at position
-    j, W a multiple of KEYS, `masked` from `future_keys`: float32 (B, KV, H // KV, T, D) (the
-    query heads of a key/value head are its rows), computed in fixed tiles (the module's
-    docstring)."""
+def scratch(layout: Layout, make: Callable[[], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """`make()`'s zeroed buffers, made once per call and reused by every layer where autograd
+    is off (each layer overwrites the same real rows, the padding rows stay 0), else afresh."""
+    if torch.is_grad_enabled():
+        return make()
+    if not layout.scratch:
+        layout.scratch.extend(make())
+    return tuple(layout.scratch)
+
+
+def buffers(x: Tensor, layout: Layout, heads: tuple[int, int, int]) -> tuple[Tensor, ...]:
+    """For x (M, C): the output projection's input (M, H * D) zeroed, its real rows viewed as
+    the attention's output (B, KV, group, T, D) (the heads back in (row, head) order, in x's
+    dtype, with x's padding rows), and the attention's query tiles (`attention`'s `tiles`)."""
+    B, T = layout.B, layout.T
+    KV, group, D = heads
+    out = x.new_zeros(x.shape[0], KV * group * D)
+    into = out[: B * T].view(B, T, KV, group, D).permute(0, 2, 3, 1, 4)
+    queries = layout.masked.shape[2] * QUERIES
+    return out, into, x.new_zeros(B, KV, queries, D, dtype=torch.float32)
+
+
+def key_tiles(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Keys (B, KV, W, D), W a multiple of KEYS, as (B * KV, 1, nk, D, KEYS) tiles, transposed
+    for the scores' product, and values as (B * KV, 1, nk, KEYS, D)."""
+    B, KV, W, D = keys.shape
+    kt = as_float(keys).view(B * KV, 1, W // KEYS, KEYS, D).transpose(-1, -2)
+    return kt, as_float(values).view(B * KV, 1, W // KEYS, KEYS, D)
+
+
+def attention(
+    q: Tensor,
+    kt: Tensor,
+    vt: Tensor,
+    masked: Tensor,
+    tiles: Tensor,
+    into: Tensor | None = None,
+) -> Tensor:
+    """Causal attention of q (B, H, T, D) over the keys and values of `key_tiles` (key j at
+    position j), `masked` from `future_keys`, `tiles` a zeroed float32 (B, KV, nq * QUERIES, D):
+    (B, KV, H // KV, T, D) (the query heads of a key/value head are its rows), float32 or
+    written into `into` (no autograd), computed in fixed tiles (the module's docstring)."""
     B, H, T, D = q.shape
-    KV, W = keys.shape[1], keys.shape[2]
-    group = H // KV
-    rows = group * T
-    nq, nk = masked.shape[2], W // KEYS
-    tiles = q.new_zeros((B, KV, nq * QUERIES, D), dtype=torch.float32)  # the last tile padded
+    N, nk = kt.shape[0], kt.shape[2]
+    KV = N // B
+    group, rows = H // KV, H // KV * T
+    nq = masked.shape[2]
     tiles[:, :, :rows].view(B, KV, group, T, D).copy_(q.view(B, KV, group, T, D))
-    tiles = tiles.view(B, KV, nq, 1, QUERIES, D)
-    kt = as_float(keys).view(B, KV, 1, nk, KEYS, D).transpose(-1, -2)
-    vt = as_float(values).view(B, KV, 1, nk, KEYS, D)
+    queries = tiles.view(N, nq, 1, QUERIES, D)  # the last tile's padding rows stay 0
     scale = 1.0 / math.sqrt(D)
-    out = []
+    totals, sums = [], []
     for at in range(0, nq, QUERY_TILES):
         part = slice(at, at + QUERY_TILES)
-        scores = torch.matmul(tiles if nq <= QUERY_TILES else tiles[:, :, part], kt) * scale
-        scores = scores.masked_fill(masked[:, :, part], float("-inf"))  # (.., nk, QUERIES, KEYS)
+        scores = torch.matmul(queries if nq <= QUERY_TILES else queries[:, part], kt) * scale
+        nqp = scores.shape[1]  # (N, nq', nk, QUERIES, KEYS)
+        scores = scores.view(B, KV, nqp, nk, QUERIES, KEYS).masked_fill(
+            masked if nq <= QUERY_TILES else masked[:, :, part], float("-inf")
+        )
         top = scores.amax(dim=(3, 5), keepdim=True)
-        weights = torch.exp(scores - top)
+        weights = torch.exp(scores - top).view(N, nqp, nk, QUERIES, KEYS)
         total, summed = weights.sum(dim=-1), torch.matmul(weights, vt)  # per key tile
         if nk > 1:  # the key tiles added in key order (one tile: already its sum, same bits)
-            total, summed = total.cumsum(dim=3)[:, :, :, -1], summed.cumsum(dim=3)[:, :, :, -1]
+            total, summed = total.cumsum(dim=2)[:, :, -1], summed.cumsum(dim=2)[:, :, -1]
         else:
-            total, summed = total[:, :, :, 0], summed[:, :, :, 0]
-        out.append(summed / total.unsqueeze(-1))  # (B, KV, nq', QUERIES, D)
-    y = out[0] if len(out) == 1 else torch.cat(out, dim=2)
-    return y.view(B, KV, nq * QUERIES, D)[:, :, :rows].view(B, KV, group, T, D)
+            total, summed = total[:, :, 0], summed[:, :, 0]
+        totals.append(total)  # (N, nq', QUERIES)
+        sums.append(summed)  # (N, nq', QUERIES, D)
+    total = totals[0] if len(totals) == 1 else torch.cat(totals, dim=1)
+    summed = sums[0] if len(sums) == 1 else torch.cat(sums, dim=1)
+    # (a view where one query tile or one key tile; else the key tiles' sums are copied out)
+    total = total.reshape(B, KV, nq * QUERIES)[:, :, :rows].view(B, KV, group, T, 1)
+    summed = summed.reshape(B, KV, nq * QUERIES, D)[:, :, :rows].view(B, KV, group, T, D)
+    return summed / total if into is None else torch.div(summed, total, out=into)

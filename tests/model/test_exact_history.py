@@ -4,10 +4,11 @@ records the kernel it sampled with (`exact_kernel`) and resumes on it, which hol
 kernel's bits stay put; a refactor of the attention or the products that moved them would
 continue such a run inexactly. The old side runs the old code from the repository's history
 (tests/old_code.py), here: it saves its weights and logits, today's code loads the weights and
-must land on the logits. Cases: a full forward, a decode after a prefill, a batch of rows of
-other lengths padded on the right, past one key tile and past `QUERY_TILES` query tiles; float32
-and a bfloat16 model; q/k norm, value residual and a logit soft cap. Control: the plain cached
-path asked the same differs (tests/model/test_exact.py proves the path's invariances)."""
+must land on the logits. Cases: a full forward, a decode after a prefill, a chunk of 10 after a
+prefill of 100, on a batch of rows of other lengths padded on the right, past one key tile and
+past `QUERY_TILES` query tiles; float32 and a bfloat16 model; q/k norm, value residual and a
+logit soft cap. Control: the plain cached decode asked the same differs (and
+tests/model/test_exact.py proves the path's invariances)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ CASES = textwrap.dedent(
                         forward_exact(model, ids[:, :-1], cache)
                         step = ids.gather(1, start.view(-1, 1))
                         out[key + ".decode"] = forward_exact(model, step, cache, start)
+                        cache = ExactCache(model, len(LENGTHS), kernel)
+                        forward_exact(model, ids[:, :100], cache)
+                        at = torch.full((len(LENGTHS),), 100)
+                        out[key + ".chunk"] = forward_exact(model, ids[:, 100:110], cache, at)
                 if load is None:
                     for k, v in model.state_dict().items():
                         out[f"weights.{o}.{name}.{k}"] = v
