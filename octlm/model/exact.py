@@ -133,7 +133,7 @@ def forward_exact(
         positions,
         model.rope.cos[positions].unsqueeze(1),
         model.rope.sin[positions].unsqueeze(1),
-        future_keys(positions, group, last),
+        future_keys(positions, group, last, model.config.n_kv_heads),
         torch.arange(B, device=device).view(B, 1),
         positions.view(B, 1, T, 1).expand(B, model.config.n_kv_heads, T, model.config.head_dim),
     )
@@ -209,18 +209,20 @@ def _attend(
     return tiled_linear(out, attn.wo.weight, packs, kernel), v
 
 
-def future_keys(positions: Tensor, group: int, last: int) -> Tensor:
-    """True where a query row may not read a key: (B, 1, nq, nk, QUERIES, KEYS) over the query
+def future_keys(positions: Tensor, group: int, last: int, kv: int) -> Tensor:
+    """True where a query row may not read a key: (B, KV, nq, nk, QUERIES, KEYS) over the query
     tiles of `group` heads x the positions (B, T), and the key tiles up to `last`, the largest
-    position. A padding row sits at position 0: it reads key 0 only (never NaN), and nothing
-    reads it."""
+    position; the KV heads share one (a dimension of 1) past `QUERY_TILES` query tiles, else
+    each has its copy (a mask of the scores' own shape is a cheaper op than one broadcast). A
+    padding row sits at position 0: it reads key 0 only (never NaN), and nothing reads it."""
     B, T = positions.shape
     rows = group * T
     nq, nk = -(-rows // QUERIES), -(-(last + 1) // KEYS)
     each = positions.unsqueeze(1).expand(B, group, T).reshape(B, rows)  # (cheaper than repeat)
     qpos = F.pad(each, (0, nq * QUERIES - rows))
     slot = torch.arange(nk * KEYS, device=positions.device).view(1, 1, 1, nk, 1, KEYS)
-    return slot > qpos.view(B, 1, nq, 1, QUERIES, 1)
+    masked = slot > qpos.view(B, 1, nq, 1, QUERIES, 1)
+    return masked if nq > QUERY_TILES else masked.expand(B, kv, nq, nk, QUERIES, KEYS).contiguous()
 
 
 def as_float(x: Tensor) -> Tensor:
@@ -257,6 +259,20 @@ def key_tiles(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
     return kt, as_float(values).view(B * KV, 1, W // KEYS, KEYS, D)
 
 
+def tile_product(a: Tensor, b: Tensor) -> Tensor:
+    """`torch.matmul(a, b)` of a (N, nq, nk or 1, X, Y) and b (N, 1, nk, Y, Z): the very batched
+    product matmul makes of them (each tile its own X x Y by Y x Z product), without its op.
+    With autograd it is matmul itself: under autocast matmul casts before it expands, so its
+    backward adds the expanded tiles' gradients in bfloat16, which these steps would not."""
+    if torch.is_grad_enabled():
+        return torch.matmul(a, b)
+    N, nq, nk = a.shape[0], a.shape[1], b.shape[2]
+    X, Y, Z = a.shape[3], a.shape[4], b.shape[4]
+    left = a.expand(N, nq, nk, X, Y).reshape(N * nq * nk, X, Y)
+    right = b.expand(N, nq, nk, Y, Z).reshape(N * nq * nk, Y, Z)
+    return torch.bmm(left, right).view(N, nq, nk, X, Z)
+
+
 def attention(
     q: Tensor,
     kt: Tensor,
@@ -280,14 +296,14 @@ def attention(
     totals, sums = [], []
     for at in range(0, nq, QUERY_TILES):
         part = slice(at, at + QUERY_TILES)
-        scores = torch.matmul(queries if nq <= QUERY_TILES else queries[:, part], kt) * scale
+        scores = tile_product(queries if nq <= QUERY_TILES else queries[:, part], kt) * scale
         nqp = scores.shape[1]  # (N, nq', nk, QUERIES, KEYS)
         scores = scores.view(B, KV, nqp, nk, QUERIES, KEYS).masked_fill(
             masked if nq <= QUERY_TILES else masked[:, :, part], float("-inf")
         )
         top = scores.amax(dim=(3, 5), keepdim=True)
         weights = torch.exp(scores - top).view(N, nqp, nk, QUERIES, KEYS)
-        total, summed = weights.sum(dim=-1), torch.matmul(weights, vt)  # per key tile
+        total, summed = weights.sum(dim=-1), tile_product(weights, vt)  # per key tile
         if nk > 1:  # the key tiles added in key order (one tile: already its sum, same bits)
             total, summed = total.cumsum(dim=2)[:, :, -1], summed.cumsum(dim=2)[:, :, -1]
         else:

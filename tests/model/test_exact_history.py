@@ -6,9 +6,9 @@ continue such a run inexactly. The old side runs the old code from the repositor
 (tests/old_code.py), here: it saves its weights and logits, today's code loads the weights and
 must land on the logits. Cases: a full forward, a decode after a prefill, a chunk of 10 after a
 prefill of 100, on a batch of rows of other lengths padded on the right, past one key tile and
-past `QUERY_TILES` query tiles; float32 and a bfloat16 model; q/k norm, value residual and a
-logit soft cap. Control: the plain cached decode asked the same differs (and
-tests/model/test_exact.py proves the path's invariances)."""
+past `QUERY_TILES` query tiles, and an on-policy update's gradients; a float32 and a bfloat16
+model, and bf16 autocast; q/k norm, value residual and a logit soft cap. Control: the plain
+cached decode asked the same differs (tests/model/test_exact.py proves the path's invariances)."""
 
 from __future__ import annotations
 
@@ -41,34 +41,48 @@ CASES = textwrap.dedent(
         return GPT(preset("tiny", context=160, **options)).eval().to(dtype)
 
     OPTIONS = [{}, {"qk_norm": True, "value_residual": True, "logit_softcap": 15.0}]
-    DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+    DTYPES = {"f32": (torch.float32, False), "bf16": (torch.bfloat16, False),
+              "amp": (torch.float32, True)}  # amp: a float32 model under bf16 autocast
     LENGTHS = [150, 70, 1]
 
     def ids_of(vocab):
         g = torch.Generator().manual_seed(7)
         return torch.randint(0, vocab, (len(LENGTHS), max(LENGTHS)), generator=g)
 
+    def inference(forward_exact, ExactCache, model, ids, kernel, key, out):
+        with torch.no_grad():
+            out[key + ".full"] = forward_exact(model, ids, kernel=kernel)
+            cache = ExactCache(model, len(LENGTHS), kernel)
+            start = torch.tensor(LENGTHS) - 1
+            forward_exact(model, ids[:, :-1], cache)
+            step = ids.gather(1, start.view(-1, 1))
+            out[key + ".decode"] = forward_exact(model, step, cache, start)
+            cache = ExactCache(model, len(LENGTHS), kernel)
+            forward_exact(model, ids[:, :100], cache)
+            at = torch.full((len(LENGTHS),), 100)
+            out[key + ".chunk"] = forward_exact(model, ids[:, 100:110], cache, at)
+
+    def update(forward_exact, model, ids, kernel, key, out):
+        # An on-policy RL update's forward and backward: each weight's gradient.
+        model.zero_grad()
+        logits = forward_exact(model, ids[:2, :90], kernel=kernel).float()
+        logits.logsumexp(-1).sum().backward()
+        for k, p in model.named_parameters():
+            out[f"{key}.grad.{k}"] = p.grad
+
     def cases(forward_exact, ExactCache, load):
         out = {}
         for o, options in enumerate(OPTIONS):
-            for name, dtype in DTYPES.items():
+            for name, (dtype, amp) in DTYPES.items():
                 model = model_of(options, dtype)
                 if load is not None:
                     model.load_state_dict(load(f"{o}.{name}"))
                 ids = ids_of(model.config.vocab_size)
                 for kernel in (1, 2):
                     key = f"{o}.{name}.k{kernel}"
-                    with torch.no_grad():
-                        out[key + ".full"] = forward_exact(model, ids, kernel=kernel)
-                        cache = ExactCache(model, len(LENGTHS), kernel)
-                        start = torch.tensor(LENGTHS) - 1
-                        forward_exact(model, ids[:, :-1], cache)
-                        step = ids.gather(1, start.view(-1, 1))
-                        out[key + ".decode"] = forward_exact(model, step, cache, start)
-                        cache = ExactCache(model, len(LENGTHS), kernel)
-                        forward_exact(model, ids[:, :100], cache)
-                        at = torch.full((len(LENGTHS),), 100)
-                        out[key + ".chunk"] = forward_exact(model, ids[:, 100:110], cache, at)
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                        inference(forward_exact, ExactCache, model, ids, kernel, key, out)
+                        update(forward_exact, model, ids, kernel, key, out)
                 if load is None:
                     for k, v in model.state_dict().items():
                         out[f"weights.{o}.{name}.{k}"] = v
