@@ -6,13 +6,19 @@ Test modules import from here, never from each other.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import shim_server
+from tests.shared import shared
 
 
 def section_blocks(doc: Path, heading: str, lang: str = "bash") -> list[str]:
@@ -61,3 +67,55 @@ def run_block(block: str, cwd: Path, env: dict[str, str]) -> subprocess.Complete
     )
     assert result.returncode == 0, f"{block}\n{result.stderr[-3000:]}"
     return result
+
+
+def commands(block: str) -> list[str]:
+    """`block`'s lines joined into bash's logical lines (a line ending in a backslash continues
+    on the next); a heredoc's lines stay lines of their own."""
+    joined: list[str] = []
+    for line in block.splitlines(keepends=True):
+        if joined and joined[-1].endswith("\\\n"):
+            joined[-1] += line
+        else:
+            joined.append(line)
+    return joined
+
+
+KNOB = re.compile(r"^(\w+=\$\{\w+:-[^}]*\}\s*)+$")
+"""A walkthrough's line of knobs: `BASE_STEPS=${BASE_STEPS:-200} BATCH=${BATCH:-16}`."""
+
+
+def run_walkthrough(
+    block: str, head: int, work: Path, env: dict[str, str], factory: pytest.TempPathFactory
+) -> subprocess.CompletedProcess[str]:
+    """`run_block(block, work, env)` where the block's first `head` commands (after its knob
+    lines) run once per session for every walkthrough that starts with the same commands at the
+    same knob values (docs/chat.md's and docs/rl.md's prepare and base run, docs/finetune.md's
+    prepare): as written, by bash, in an empty folder, which is then copied to `work` (empty)
+    before the rest of the block runs there with the knobs set again. Returns the rest's run."""
+    lines = commands(block)
+    knobs = [line for line in lines if KNOB.match(line)]
+    body = [line for line in lines if not KNOB.match(line)]
+    folder = prefix_folder(knobs, body[:head], env, factory)
+    shutil.copytree(folder, work, dirs_exist_ok=True, symlinks=True)
+    return run_block("".join(knobs + body[head:]), work, env)
+
+
+def prefix_folder(
+    knobs: list[str], head: list[str], env: dict[str, str], factory: pytest.TempPathFactory
+) -> Path:
+    """The folder that `head` leaves, run after `knobs` in an empty folder (the first commands
+    but the last: a copy of their own folder), once per session for the same commands and the
+    same values of the variables they name."""
+    if not head:
+        return shared(factory, "walkthrough-empty", lambda folder: None)
+    names = sorted(set(re.findall(r"\$\{?(\w+)", "".join(head))))
+    echo = "".join(knobs) + "".join(f'printf "%s\\n" "${name}"\n' for name in names)
+    values = run_block(echo, Path.cwd(), env).stdout.splitlines()
+    key = hashlib.sha256(json.dumps([head, names, values]).encode()).hexdigest()[:16]
+
+    def build(folder: Path) -> None:
+        shutil.copytree(prefix_folder(knobs, head[:-1], env, factory), folder, dirs_exist_ok=True)
+        run_block("".join(knobs + head[-1:]), folder, env)
+
+    return shared(factory, f"walkthrough-{key}", build)

@@ -10,7 +10,7 @@ import pytest
 
 from octlm.data.shards import ShardDataset
 from octlm.runlog.reader import read_log
-from tests.doc_blocks import run_block, section_blocks, shim, shim_env
+from tests.doc_blocks import run_walkthrough, section_blocks, shim, shim_env
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +23,14 @@ def walkthrough() -> str:
     return blocks[0]
 
 
-def test_the_walkthrough_runs(tmp_path) -> None:
+def test_the_walkthrough_runs(tmp_path, tmp_path_factory) -> None:
     work = tmp_path / "work"
     work.mkdir()
     bin_dir = shim(tmp_path, "octlm", python=True)
     env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", BATCH="2")
-    result = run_block(walkthrough(), work, env)
+    # Its first command (prepare) runs once per session, shared with the walkthroughs that
+    # start with it (tests/doc_blocks.py run_walkthrough).
+    result = run_walkthrough(walkthrough(), 1, work, env, tmp_path_factory)
     data = ShardDataset.open(work / "data" / "replies", verify_checksums=True)
     assert data.masked and data.manifest["splits"]["train"]["documents"] > 20_000
     tuned = read_log(work / "runs" / "replies")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from octlm.runlog.reader import read_log
-from tests.doc_blocks import run_block, section_blocks, shim, shim_env
+from tests.doc_blocks import run_block, run_walkthrough, section_blocks, shim, shim_env
 from tests.e2e.helpers import end_hash
 
 pytestmark = pytest.mark.slow
@@ -18,14 +18,16 @@ pytestmark = pytest.mark.slow
 DOC = Path(__file__).resolve().parents[1] / "docs" / "rl.md"
 
 
-def test_the_walkthrough_runs(tmp_path) -> None:
+def test_the_walkthrough_runs(tmp_path, tmp_path_factory) -> None:
     blocks = section_blocks(DOC, "A complete run, on CPU")
     assert len(blocks) == 1
     work = tmp_path / "work"
     work.mkdir()
     bin_dir = shim(tmp_path, "octlm", python=True)
     env = shim_env(bin_dir, BASE_STEPS="21", TUNE_STEPS="11", RL_STEPS="3", BATCH="2", PROMPTS="8")
-    result = run_block(blocks[0], work, env)
+    # Its first two commands (prepare, the base run) run once per session, shared with the
+    # walkthroughs that start with them (tests/doc_blocks.py run_walkthrough).
+    result = run_walkthrough(blocks[0], 2, work, env, tmp_path_factory)
     records = read_log(work / "runs" / "rl")
     assert records[0]["kind"] == "rl" and records[0]["rl"]["task"] == "sorting:2"
     assert [r["step"] for r in records if r["type"] == "step"] == [1, 2, 3]
