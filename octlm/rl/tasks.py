@@ -21,6 +21,7 @@ import importlib.metadata
 import random
 import re
 import string
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -305,7 +306,11 @@ class ReasoningGym(Task):
 
 def _gym() -> Any:
     try:
-        import reasoning_gym
+        with warnings.catch_warnings():
+            # A dependency's own source (cellpylib: `is` with a literal) warns when
+            # compiled, which a fresh install does on first import: not the user's to see.
+            warnings.simplefilter("ignore", SyntaxWarning)
+            import reasoning_gym
     except ImportError:
         raise OctlmError(
             f"task {GYM}:NAME needs the reasoning-gym package, which is not installed",
