@@ -78,7 +78,8 @@ CASES = textwrap.dedent(
                 if load is not None:
                     model.load_state_dict(load(f"{o}.{name}"))
                 ids = ids_of(model.config.vocab_size)
-                for kernel in (1, 2):
+                # Outside float32 both kernels are the same plain product per tile: one will do.
+                for kernel in (1, 2) if name == "f32" else (2,):
                     key = f"{o}.{name}.k{kernel}"
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
                         inference(forward_exact, ExactCache, model, ids, kernel, key, out)
