@@ -4,9 +4,10 @@ the plain cached step, in one process, interleaved: what a change to the exact p
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.exact_steps [--against 9787f5c]
         [--presets tiny small] [--batches 1 8] [--steps 40] [--rounds 7]
 
-The earlier module is read from git (`git show COMMIT:octlm/model/exact.py`) and imported
-beside today's, so it runs on today's products, model and RoPE (fine while those keep their
-names; tests/model/test_exact_history.py holds the two to the same bits). Each round times,
+The earlier modules are read from git (`git show COMMIT:octlm/model/exact.py` and its
+`exact_products.py`) and imported beside today's, so they run on today's model, RoPE and
+packing helpers (fine while those keep their names; tests/model/test_exact_history.py holds
+the two to the same bits). Each round times,
 in rotating order, `--steps` decode steps of each path after the same 16-token prefill; the
 result is each path's median step and the medians of the per-round ratios.
 """
@@ -45,20 +46,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def module_at(commit: str) -> ModuleType:
-    """`octlm/model/exact.py` as it was at `commit`, imported under another name."""
-    text = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{commit}:octlm/model/exact.py"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    path = Path(tempfile.mkdtemp()) / "exact_before.py"
+def load(name: str, text: str) -> ModuleType:
+    """`text` imported as module `name` (from a file of its own)."""
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("exact_before", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["exact_before"] = module  # (its dataclasses look their module up)
+    sys.modules[name] = module  # (its dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
+
+
+def module_at(commit: str) -> ModuleType:
+    """`octlm/model/exact.py` as it was at `commit`, on its products as they were then
+    (`exact_products.py`), imported under other names."""
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    load("exact_products_before", show("octlm/model/exact_products.py"))
+    text = show("octlm/model/exact.py").replace(
+        "from octlm.model.exact_products import", "from exact_products_before import"
+    )
+    return load("exact_before", text)
 
 
 def exact_step(module: ModuleType, model: GPT, ids: torch.Tensor, steps: int) -> float:

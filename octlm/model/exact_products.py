@@ -19,14 +19,16 @@ resumed run keeps drawing its own bits):
   oneDNN's older paths do not hold it (with `ONEDNN_MAX_CPU_ISA=AVX` a row's bits follow the
   row count; `=SSE41` a lone row's), so `rows_invariant()` checks on first use, on this
   machine, and where it fails kernel 2 is kernel 1's tiles (one machine's bits, as ever).
-  Why the chunks: for 1 or 2 rows oneDNN's call costs more than MKL's, and MKL's packed 2-row
-  tile adds each output's products in the same order as long as both cut the inputs alike
-  (`tile_cut`, checked once per shape: within 384 inputs neither cuts; MKL's tile cuts 512 in
-  halves as the chunks do, 1,024 otherwise, where a tile per chunk still agrees). So a decode
-  step's single tile of rows runs on MKL's tiles at kernel 2's very bits, and oneDNN serves
-  from 3 rows on. On `small` (docs/performance.md, "Exact products") a step's products cost
-  at 8 rows about half and at 64 rows about a fifth of kernel 1's tiles, at 1-2 rows about the
-  same. (Where MKL's tiles cut every weight as the chunks do, kernels 1 and 2 give the same
+  Why the chunks: for a few rows oneDNN's call costs 30-40 us more than MKL's, and MKL's
+  products add each output's products in the same order as long as both cut the inputs
+  alike (checked once per shape on this machine: within 384 inputs none cuts; MKL cuts up to
+  768 in halves as the chunks do, 1,024 otherwise, where a product per chunk still agrees).
+  So a decode step's 2 to `FEW_ROWS` rows run on MKL's plain product over a transposed copy
+  of the weight (`nn_cut`; else, for one tile, MKL's packed 2-row tiles, `tile_cut`), at
+  kernel 2's very bits, and oneDNN serves the rest. On `small` (docs/performance.md, "Exact
+  products") a step's products cost at 8 rows about half and at 64 rows about a fifth of
+  kernel 1's tiles; "Exact products at a few rows" has what the MKL calls save a decode step.
+  (Where MKL's tiles cut every weight as the chunks do, kernels 1 and 2 give the same
   bits: on this machine every weight of `tiny`, whose widest has 512 inputs.)
 
 Outside float32 on CPU (bf16, autocast, CUDA) both kernels are a plain product per tile of
@@ -37,7 +39,7 @@ Outside float32 on CPU (bf16, autocast, CUDA) both kernels are a plain product p
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from octlm.config.rl import EXACT_KERNEL
-from octlm.model.packed import float32_cpu, onednn_linear, onednn_pack
+from octlm.model.packed import MIN_WEIGHT, float32_cpu, onednn_linear, onednn_pack
 
 ROWS = 2
 """Rows of kernel 1's tiles (and the multiple every kernel pads the rows to). In float32 on CPU
@@ -109,10 +111,10 @@ def tile_cut(out: int, inp: int) -> str:
     weight = torch.randn(out, inp, generator=generator)
     x = torch.randn(ROWS, inp, generator=generator)
     try:
-        want = run_chunks(x, onednn_parts(weight), tiles=False)
+        want = run_chunks(x, onednn_parts(weight), "onednn")
         if torch.equal(torch.ops.mkl._mkl_linear(x, mkl_pack(weight), weight, None, ROWS), want):
             return "whole"
-        if torch.equal(run_chunks(x, mkl_parts(weight), tiles=True), want):
+        if torch.equal(run_chunks(x, mkl_parts(weight), "tiles"), want):
             return "chunks"
     except (RuntimeError, AttributeError):  # a build without these ops
         pass
@@ -154,27 +156,64 @@ def tile_packs(weight: Tensor) -> list[tuple[int, int, Tensor, Tensor]] | None:
     return None if cut == "none" else mkl_parts(weight, whole=cut == "whole")
 
 
-def run_chunks(x: Tensor, parts: list[tuple], tiles: bool) -> Tensor:
-    """Kernel 2: each chunk's product, by oneDNN (`pack`'s parts) or by MKL's tiles of the same
-    bits (`tile_packs`' parts, for one tile of rows), added in chunk order (a left fold: the
-    same additions whichever way)."""
+def run_chunks(x: Tensor, parts: list[tuple], how: str) -> Tensor:
+    """Kernel 2: each chunk's product, by oneDNN ("onednn", `pack`'s parts), by MKL's tiles of
+    the same bits ("tiles", `tile_packs`' parts, for one tile of rows) or by MKL's product over
+    the chunk's transposed copy ("nn", `transposed_parts`, for a few rows where it agrees),
+    added in chunk order (a left fold: the same additions whichever way)."""
     one = len(parts) == 1
     out = None
     for part in parts:
         rows = x if one else x[:, part[0] : part[1]].contiguous()
-        if tiles:
+        if how == "tiles":
             y = torch.ops.mkl._mkl_linear(rows, part[2], part[3], None, ROWS)
+        elif how == "nn":
+            y = rows @ part[2]
         else:
             y = onednn_linear(rows, part[2])
         out = y if out is None else out + y
     return out
 
 
+def transposed_parts(weight: Tensor, whole: bool = False) -> list[tuple[int, int, Tensor]]:
+    """(lo, hi, the chunk transposed: (inputs, outputs), contiguous) per chunk of kernel 2, or
+    for the whole weight."""
+    cuts = [(0, weight.shape[1])] if whole else chunks(weight.shape[1])
+    return [(lo, hi, weight.detach()[:, lo:hi].t().contiguous()) for lo, hi in cuts]
+
+
+@functools.cache
+def nn_cut(out: int, inp: int, rows: int, threads: int) -> str:
+    """How MKL's product of `rows` rows by a transposed weight gives an (out, inp) weight
+    kernel 2's bits on this machine at `threads` threads: "whole" (one product over every
+    input), "chunks" (one per chunk, added in order) or "none". Measured here (AVX-512 MKL,
+    every weight of `tiny` and `small`, 2 to 16 rows): MKL's matrix kernels add a chunk's
+    products over the inputs one after another, as oneDNN's do, and cut up to 768 inputs in
+    halves as the chunks do (1,024 otherwise: there a product per chunk agrees); at 1 row
+    (MKL's matrix-vector product) nothing agrees, which is why a lone row is padded to
+    `ROWS`. Another MKL may pick another order by the row count: one random draw per shape,
+    row count and thread count decides (orders that differ differ on it), once per process."""
+    if not torch.backends.mkl.is_available():
+        return "none"
+    generator = torch.Generator().manual_seed(out * 100_003 + inp * 101 + rows)
+    weight = torch.randn(out, inp, generator=generator)
+    x = torch.randn(rows, inp, generator=generator)
+    try:
+        want = run_chunks(x, onednn_parts(weight), "onednn")
+    except RuntimeError:  # a build without oneDNN's ops
+        return "none"
+    for cut in ("whole", "chunks"):
+        if torch.equal(run_chunks(x, transposed_parts(weight, cut == "whole"), "nn"), want):
+            return cut
+    return "none"
+
+
 def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
-    """x @ weight.T by the kernel `pack` chose: kernel 2's chunks by oneDNN (2) or MKL's tiles
-    of the same bits (3); kernel 1's MKL tiles (1); plain tiles (0)."""
+    """x @ weight.T by the kernel `pack` chose: kernel 2's chunks by oneDNN (2), MKL's tiles of
+    the same bits (3) or MKL's product of the same bits over transposed chunks (4); kernel 1's
+    MKL tiles (1); plain tiles (0)."""
     if served >= 2:
-        return run_chunks(x, packed, served == 3)
+        return run_chunks(x, packed, ("onednn", "tiles", "nn")[served - 2])
     tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step of 1 row: one tile
     if served == 1:
         parts = [torch.ops.mkl._mkl_linear(t, packed, weight, None, ROWS) for t in tiles]
@@ -185,6 +224,10 @@ def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
 
 NOT_YET = object()
 """`Held.tiles` before any single tile of rows asked for them."""
+
+FEW_ROWS = 16
+"""Up to this many rows (a decode step's batch), kernel 2 may run on MKL's calls of the same
+bits (`few_rows`); from there on oneDNN's one call per chunk serves."""
 
 
 @dataclass(slots=True)
@@ -197,6 +240,33 @@ class Held:
     tiles: Any = NOT_YET
     """`tile_packs` of the joined weight (None: none agree), made when a single tile of rows
     first asks (kernel 2)."""
+    transposed: dict[str, Any] = field(default_factory=dict)
+    """`transposed_parts` of the joined weight by `nn_cut`, made when a few rows first ask."""
+
+
+def few_rows(held: Held, rows: int) -> tuple[int, Any]:
+    """Kernel 2's cheapest call of its very bits for `rows` (at most `FEW_ROWS`): the served
+    code and parts `run_packed` takes. oneDNN's call costs 30-40 us more than MKL's on a small
+    weight, which a few rows never win back: measured at 1 thread over a decode step's products
+    in order (docs/performance.md, "Exact products at a few rows"), MKL's product over the
+    transposed chunks costs about two thirds of oneDNN's at 2 to 16 rows on `tiny` and at 2
+    rows on `small`, and MKL's 2-row tiles lie between. From 4 rows on, a weight of
+    `MIN_WEIGHT` elements or more (`small`'s widest, any head) streams better through oneDNN's
+    packing, whose cost per row is lower."""
+    out, inp = held.joined.shape
+    cut = "none"
+    if rows == ROWS or held.joined.numel() < MIN_WEIGHT:
+        cut = nn_cut(out, inp, rows, torch.get_num_threads())
+    if cut != "none":
+        if cut not in held.transposed:
+            held.transposed[cut] = transposed_parts(held.joined, cut == "whole")
+        return 4, held.transposed[cut]
+    if rows == ROWS:
+        if held.tiles is NOT_YET:
+            held.tiles = tile_packs(held.joined)
+        if held.tiles is not None:
+            return 3, held.tiles
+    return held.served, held.packed
 
 
 class PackedProduct(torch.autograd.Function):
@@ -228,13 +298,8 @@ def product(
         joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
         held = packs[id(weights[0])] = Held(joined, *pack(joined, kernel))
     served, packed = held.served, held.packed
-    if served == 2 and x.shape[0] == ROWS:
-        # One tile (a decode step of 1 or 2 rows): MKL's tiles give kernel 2's chunks oneDNN's
-        # very bits, at about MKL's 1-row cost where oneDNN's call costs more there.
-        if held.tiles is NOT_YET:
-            held.tiles = tile_packs(held.joined)
-        if held.tiles is not None:
-            served, packed = 3, held.tiles
+    if served == 2 and x.shape[0] <= FEW_ROWS:  # a decode step's rows: MKL's calls, same bits
+        served, packed = few_rows(held, x.shape[0])
     grad = torch.is_grad_enabled() and weights[0].requires_grad
     weight = torch.cat(weights) if grad and len(weights) > 1 else held.joined
     if grad and served:

@@ -34,8 +34,9 @@ def rows_of(x: torch.Tensor, weight: torch.Tensor, packs: dict) -> torch.Tensor:
 
 @torch.no_grad()
 def test_kernel_2_gives_a_row_its_bits_at_any_row_count_and_offset() -> None:
-    """Through `product`, as the exact path calls it: oneDNN's chunks for 3 rows and more, MKL's
-    tiles of the same bits for one tile (1-2 rows) where they agree."""
+    """Through `product`, as the exact path calls it: MKL's calls of the same bits for up to
+    `FEW_ROWS` rows where they agree (a transposed weight's product, or for one tile MKL's
+    2-row tiles), oneDNN's chunks beyond."""
     generator = torch.Generator().manual_seed(0)
     plain_differs = False
     for out, inp in SHAPES:
