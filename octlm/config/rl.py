@@ -39,10 +39,12 @@ from octlm.config.rules import (
 from octlm.config.run import device_problem, profile_problem, profile_window, trackers_problem
 from octlm.config.train import FIELDS as TRAIN_FIELDS
 
-EXACT_KERNELS = (1, 2)
-"""The exact path's product kernels by version (`octlm/model/exact_products.py`): 1, MKL's
-product in tiles of 2 rows; 2, oneDNN's over a packed weight, every row in one call."""
-EXACT_KERNEL = 2
+EXACT_KERNELS = (1, 2, 3)
+"""The exact path's kernels by version (`octlm/model/exact_products.py`,
+`octlm/model/exact_whole.py`): 1, MKL's product in tiles of 2 rows; 2, oneDNN's over a packed
+weight, every row in one call; 3, kernel 2's products and an attention over the whole context's
+width, one softmax."""
+EXACT_KERNEL = 3
 """The version a new run (and every generate, eval and server call) computes with."""
 ABSENT = {"on_policy": False, "sampler": "plain", "exact_kernel": 1}
 """What a trajectory key added after runs existed means where a recorded trajectory lacks it:
@@ -95,10 +97,10 @@ class PolicySettings:
     sampled token's log-prob is bit for bit the one it was drawn with: the step's
     logprob_diff reads 0.0 (docs/exactness.md, "Exact in use")."""
     exact_kernel: int | None = new_trajectory(None, checks.Int(1, EXACT_KERNELS[-1]))
-    """The exact path's product kernel (1: MKL's tiles of 2 rows, 2: oneDNN's packed product),
-    whose bits the exact sampler and the on-policy update compute. Unset: the newest for a new
-    run, the run's own for a resume (1 for a run written before the key), so a run keeps its
-    own bits."""
+    """The exact path's kernel (1: MKL's tiles of 2 rows, 2: oneDNN's packed product, 3: that
+    product and an attention over the whole context, `EXACT_KERNELS`), whose bits the exact
+    sampler and the on-policy update compute. Unset: the newest for a new run, the run's own
+    for a resume (1 for a run written before the key), so a run keeps its own bits."""
     steps: int = same_as_training("steps", 100)
     """RL steps: the learning rate reaches 0 at the last."""
     lr: float = same_as_training("lr", 1e-4)

@@ -47,17 +47,18 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from octlm.config.rl import EXACT_KERNEL
+from octlm.model.exact_blocks import Block, attend_blocks, blocks
 from octlm.model.exact_products import padded_rows, product, tiled_linear
+from octlm.model.exact_tiles import (
+    KEYS,
+    QUERIES,
+    QUERY_TILES,
+    as_float,
+    query_positions,
+    tile_product,
+)
 from octlm.model.gpt import GPT, Attention
 from octlm.model.positions import apply_rope
-
-QUERIES = 4
-"""Query rows of an attention tile: the query heads that share a key/value head, at each
-position (a decode step of `tiny` or `small`, 3 heads a group, fills 3 of the 4)."""
-KEYS = 64
-"""Keys of an attention tile."""
-QUERY_TILES = 32
-"""Query tiles computed together (bounds the score tensor's memory; changes no bit)."""
 
 
 class ExactCache:
@@ -93,7 +94,11 @@ class Layout:
     positions: Tensor  # (B, T)
     cos: Tensor  # (B, 1, T, D)
     sin: Tensor
-    masked: Tensor  # `future_keys`
+    qpos: Tensor  # (B, nq * QUERIES): each query row's position (`query_positions`)
+    width: int
+    """Key slots up to the largest position's key tile (the keys a full forward pads to)."""
+    masked: Tensor | list[Block]
+    """Kernels 1-2: `future_keys`; kernel 3: the call's `blocks`."""
     rows: Tensor  # (B, 1): each row's index
     slots: Tensor  # (B, KV heads, T, D): each new key's slot in the cache, for its writes
     scratch: list[Tensor] = field(default_factory=list)
@@ -126,16 +131,21 @@ def forward_exact(
         raise ValueError("without a cache every row starts at position 0")
     packs: dict[Any, Any] = {} if cache is None else cache.packs
     kernel = kernel if cache is None else cache.kernel
-    group = model.config.n_heads // model.config.n_kv_heads
+    group, kv = model.config.n_heads // model.config.n_kv_heads, model.config.n_kv_heads
+    qpos = query_positions(positions, group)
+    width = -(-(last + 1) // KEYS) * KEYS
+    masked = blocks(positions, kv, group) if kernel >= 3 else future_keys(qpos, last, kv)
     layout = Layout(
         B,
         T,
         positions,
         model.rope.cos[positions].unsqueeze(1),
         model.rope.sin[positions].unsqueeze(1),
-        future_keys(positions, group, last, model.config.n_kv_heads),
+        qpos,
+        width,
+        masked,
         torch.arange(B, device=device).view(B, 1),
-        positions.view(B, 1, T, 1).expand(B, model.config.n_kv_heads, T, model.config.head_dim),
+        positions.view(B, 1, T, 1).expand(B, kv, T, model.config.head_dim),
     )
     n, padded = B * T, padded_rows(B * T)
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
@@ -185,48 +195,74 @@ def _attend(
     # RoPE is elementwise: q's and k's heads rotated in one call are the bits of one call each.
     qk = apply_rope(qk, layout.cos, layout.sin)
     q, k = qk[:, :H], qk[:, H:]
-    nk = layout.masked.shape[3]
+    width = layout.width
     if cache is None:  # positions are 0..T-1
-        kt, vt = key_tiles(F.pad(k, (0, 0, 0, nk * KEYS - T)), F.pad(v, (0, 0, 0, nk * KEYS - T)))
+        keys, values = F.pad(k, (0, 0, 0, width - T)), F.pad(v, (0, 0, 0, width - T))
     else:
-        held_k, held_v = cache.keys[layer], cache.values[layer]
-        held_k.scatter_(2, layout.slots, k.to(held_k.dtype))  # (one op: cheaper than indexing)
-        held_v.scatter_(2, layout.slots, v.to(held_v.dtype))
+        keys, values = cache.keys[layer], cache.values[layer]
+        keys.scatter_(2, layout.slots, k.to(keys.dtype))  # (one op: cheaper than indexing)
+        values.scatter_(2, layout.slots, v.to(values.dtype))
+    out, into, tiles = scratch(layout, lambda: buffers(x, layout, (KV, H // KV, D)))
+    if kernel >= 3:
+        _blocks(q, as_float(keys), as_float(values), layout, (out, into))
+    else:
+        _tiles(q, keys, values, layout, cache, (layer, into, tiles))
+    return tiled_linear(out, attn.wo.weight, packs, kernel), v
+
+
+def _blocks(q: Tensor, keys: Tensor, values: Tensor, layout: Layout, dest: tuple) -> None:
+    """Kernel 3's attention (`octlm/model/exact_blocks.py`) written into the output projection's
+    input: in place by its last product for a float32 decode step of one width without autograd
+    or autocast, else by one copy."""
+    out, into = dest
+    parts = layout.masked
+    B, H, T, D = q.shape
+    in_place = (
+        parts[0].rows is None
+        and out.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu")
+    )
+    if in_place:
+        attend_blocks(q, keys, values, parts, out[:B].view(-1, H // keys.shape[1], D))
+    else:
+        into.copy_(attend_blocks(as_float(q), keys, values, parts, None))
+
+
+def _tiles(
+    q: Tensor, keys: Tensor, values: Tensor, layout: Layout, cache: ExactCache | None, at: tuple
+) -> None:
+    """Kernels 1-2's attention (`attention`) written into the output projection's input `into`:
+    by its last op (an `out=`) where autograd allows, else by one copy. The key tiles of a cache
+    are views kept between steps (`ExactCache.tiled`)."""
+    layer, into, tiles = at
+    nk = layout.width // KEYS
+    if cache is None:
+        kt, vt = key_tiles(keys, values)
+    else:
         seen = cache.tiled.get(layer)
-        if seen is None or seen[0] is not held_k or seen[1] != nk:
-            tiles = key_tiles(held_k[:, :, : nk * KEYS], held_v[:, :, : nk * KEYS])
-            seen = (held_k, nk, *tiles)
-            if held_k.dtype == torch.float32:  # views of the cache (else copies: not kept)
+        if seen is None or seen[0] is not keys or seen[1] != nk:
+            seen = (keys, nk, *key_tiles(keys[:, :, : nk * KEYS], values[:, :, : nk * KEYS]))
+            if keys.dtype == torch.float32:  # views of the cache (else copies: not kept)
                 cache.tiled[layer] = seen
         kt, vt = seen[2], seen[3]
-    out, into, tiles = scratch(layout, lambda: buffers(x, layout, (KV, H // KV, D)))
-    # The attention's last op writes the output projection's input where autograd allows (an
-    # `out=`), else one copy does.
     if torch.is_grad_enabled():
         into.copy_(attention(q, kt, vt, layout.masked, tiles))
     else:
         attention(q, kt, vt, layout.masked, tiles, into)
-    return tiled_linear(out, attn.wo.weight, packs, kernel), v
 
 
-def future_keys(positions: Tensor, group: int, last: int, kv: int) -> Tensor:
-    """True where a query row may not read a key: (B, KV, nq, nk, QUERIES, KEYS) over the query
-    tiles of `group` heads x the positions (B, T), and the key tiles up to `last`, the largest
-    position; the KV heads share one (a dimension of 1) past `QUERY_TILES` query tiles, else
-    each has its copy (a mask of the scores' own shape is a cheaper op than one broadcast). A
-    padding row sits at position 0: it reads key 0 only (never NaN), and nothing reads it."""
-    B, T = positions.shape
-    rows = group * T
-    nq, nk = -(-rows // QUERIES), -(-(last + 1) // KEYS)
-    each = positions.unsqueeze(1).expand(B, group, T).reshape(B, rows)  # (cheaper than repeat)
-    qpos = F.pad(each, (0, nq * QUERIES - rows))
-    slot = torch.arange(nk * KEYS, device=positions.device).view(1, 1, 1, nk, 1, KEYS)
+def future_keys(qpos: Tensor, last: int, kv: int) -> Tensor:
+    """True where a query row may not read a key (kernels 1-2): (B, KV, nq, nk, QUERIES, KEYS)
+    over the query tiles of positions `qpos` (`query_positions`) and the key tiles up to `last`,
+    the largest position; the KV heads share one (a dimension of 1) past `QUERY_TILES` query
+    tiles, else each has its copy (a mask of the scores' own shape is a cheaper op than one
+    broadcast)."""
+    B, nq = qpos.shape[0], qpos.shape[1] // QUERIES
+    nk = -(-(last + 1) // KEYS)
+    slot = torch.arange(nk * KEYS, device=qpos.device).view(1, 1, 1, nk, 1, KEYS)
     masked = slot > qpos.view(B, 1, nq, 1, QUERIES, 1)
     return masked if nq > QUERY_TILES else masked.expand(B, kv, nq, nk, QUERIES, KEYS).contiguous()
-
-
-def as_float(x: Tensor) -> Tensor:
-    return x if x.dtype == torch.float32 else x.float()
 
 
 def scratch(layout: Layout, make: Callable[[], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
@@ -247,7 +283,7 @@ def buffers(x: Tensor, layout: Layout, heads: tuple[int, int, int]) -> tuple[Ten
     KV, group, D = heads
     out = x.new_zeros(x.shape[0], KV * group * D)
     into = out[: B * T].view(B, T, KV, group, D).permute(0, 2, 3, 1, 4)
-    queries = layout.masked.shape[2] * QUERIES
+    queries = layout.qpos.shape[1]
     return out, into, x.new_zeros(B, KV, queries, D, dtype=torch.float32)
 
 
@@ -255,22 +291,9 @@ def key_tiles(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
     """Keys (B, KV, W, D), W a multiple of KEYS, as (B * KV, 1, nk, D, KEYS) tiles, transposed
     for the scores' product, and values as (B * KV, 1, nk, KEYS, D)."""
     B, KV, W, D = keys.shape
-    kt = as_float(keys).view(B * KV, 1, W // KEYS, KEYS, D).transpose(-1, -2)
-    return kt, as_float(values).view(B * KV, 1, W // KEYS, KEYS, D)
-
-
-def tile_product(a: Tensor, b: Tensor) -> Tensor:
-    """`torch.matmul(a, b)` of a (N, nq, nk or 1, X, Y) and b (N, 1, nk, Y, Z): the very batched
-    product matmul makes of them (each tile its own X x Y by Y x Z product), without its op.
-    With autograd it is matmul itself: under autocast matmul casts before it expands, so its
-    backward adds the expanded tiles' gradients in bfloat16, which these steps would not."""
-    if torch.is_grad_enabled():
-        return torch.matmul(a, b)
-    N, nq, nk = a.shape[0], a.shape[1], b.shape[2]
-    X, Y, Z = a.shape[3], a.shape[4], b.shape[4]
-    left = a.expand(N, nq, nk, X, Y).reshape(N * nq * nk, X, Y)
-    right = b.expand(N, nq, nk, Y, Z).reshape(N * nq * nk, Y, Z)
-    return torch.bmm(left, right).view(N, nq, nk, X, Z)
+    # (reshape: a view of a cache; a copy of a full forward's keys, strided when W is T)
+    kt = as_float(keys).reshape(B * KV, 1, W // KEYS, KEYS, D).transpose(-1, -2)
+    return kt, as_float(values).reshape(B * KV, 1, W // KEYS, KEYS, D)
 
 
 def attention(

@@ -18,7 +18,8 @@ import torch
 from octlm.config.shape import preset
 from octlm.evaluate.likelihood import continuations
 from octlm.generation.sampling import Continuation, generate, generate_batch
-from octlm.model.exact import KEYS, ExactCache, forward_exact
+from octlm.model.exact import ExactCache, forward_exact
+from octlm.model.exact_tiles import KEYS
 from octlm.model.gpt import GPT
 from octlm.model.kvcache import KVCache, forward_cached
 

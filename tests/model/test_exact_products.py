@@ -69,7 +69,7 @@ def small_model(seed: int = 0, **shape) -> GPT:
     return GPT(preset("tiny", context=140, **shape)).eval()
 
 
-@pytest.mark.parametrize("kernel", [1, 2])
+@pytest.mark.parametrize("kernel", [1, 2, 3])
 @torch.no_grad()
 def test_each_kernel_decodes_the_full_forwards_bits(kernel) -> None:
     model = small_model()
@@ -80,6 +80,8 @@ def test_each_kernel_decodes_the_full_forwards_bits(kernel) -> None:
     for at in range(70, 140):
         parts.append(forward_exact(model, ids[:, at : at + 1], cache, torch.full((3,), at)))
     assert torch.equal(torch.cat(parts, dim=1), full)
+    # A full forward of whole key tiles (no padding: its keys a strided view) is a prefix's bits.
+    assert torch.equal(forward_exact(model, ids[:, :128], kernel=kernel), full[:, :128])
 
 
 @torch.no_grad()
@@ -91,20 +93,25 @@ def test_the_kernels_give_other_bits_and_the_same_at_one_and_two_threads() -> No
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = [forward_exact(model, ids, kernel=k) for k in (1, 2)]
+        one = [forward_exact(model, ids, kernel=k) for k in (1, 2, 3)]
         torch.set_num_threads(2)
-        two = [forward_exact(model, ids, kernel=k) for k in (1, 2)]
-        cache = ExactCache(model, 1, 2)  # and kernel 2's decode, its 1-2 row tiles, at 2 threads
-        decoded = [forward_exact(model, ids[:1, :90], cache)]
-        for at in range(90, 100):
-            decoded.append(forward_exact(model, ids[:1, at : at + 1], cache, torch.tensor([at])))
+        two = [forward_exact(model, ids, kernel=k) for k in (1, 2, 3)]
+        decoded = []  # and kernels 2 and 3's decode (its few-row products) at 2 threads
+        for kernel in (2, 3):
+            cache = ExactCache(model, 1, kernel)
+            parts = [forward_exact(model, ids[:1, :90], cache)]
+            for at in range(90, 100):
+                parts.append(forward_exact(model, ids[:1, at : at + 1], cache, torch.tensor([at])))
+            decoded.append(torch.cat(parts, dim=1))
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
-    assert torch.equal(torch.cat(decoded, dim=1), one[1][:1])
+    assert torch.equal(decoded[0], one[1][:1]) and torch.equal(decoded[1], one[2][:1])
     # The control: another kernel, other bits (where oneDNN serves); the same values near.
     assert torch.equal(one[0], one[1]) is not rows_invariant()
     assert torch.allclose(one[0], one[1], atol=1e-4)
+    # Kernel 3's attention adds in other orders than kernels 1-2's, over the same products.
+    assert not torch.equal(one[1], one[2]) and torch.allclose(one[1], one[2], atol=1e-4)
 
 
 @pytest.mark.slow  # a fresh interpreter: oneDNN reads its ISA limit when it starts
@@ -121,8 +128,8 @@ torch.manual_seed(0)
 model = GPT(preset("tiny", context=80)).eval()
 ids = torch.randint(0, 4096, (2, 80))
 with torch.no_grad():
-    full = forward_exact(model, ids)
-    cache = ExactCache(model, 2)
+    full = forward_exact(model, ids, kernel=2)
+    cache = ExactCache(model, 2, 2)
     parts = [forward_exact(model, ids[:, :40], cache)]
     for t in range(40, 80):
         parts.append(forward_exact(model, ids[:, t : t + 1], cache, torch.full((2,), t)))

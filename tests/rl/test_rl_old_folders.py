@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from octlm.config.rl import EXACT_KERNEL
 from tests.e2e.helpers import end_hash, octlm
 from tests.old_code import extract, run_old
 from tests.rl.helpers import RL, chat_source
@@ -102,8 +103,9 @@ def old_exact_runs(source, tmp_path_factory) -> Path:
 def test_an_old_exact_rl_run_resumes_on_its_own_kernel(old_exact_runs, source, tmp_path):
     """An on-policy run that sampled with the exact path's first kernel resumes on it, to the
     old straight run's bits; asking it for kernel 2, or leaving out its --on-policy, is refused
-    in one line; a new run records kernel 2 (whose bits differ from kernel 1's on `tiny`'s
-    shapes: tests/model/test_exact_products.py; on this `micro` model they agreed when measured)."""
+    in one line; a new run records the newest kernel (kernel 2's products differ from kernel
+    1's on `tiny`'s shapes, tests/model/test_exact_products.py, and kernel 3's attention from
+    both, tests/model/test_exact_blocks.py)."""
     import shutil
 
     from octlm.trainer import checkpoint as ckpt
@@ -123,4 +125,4 @@ def test_an_old_exact_rl_run_resumes_on_its_own_kernel(old_exact_runs, source, t
     assert "exact_kernel" not in old.as_written()["trajectory"]
     octlm("rl", str(source), *RL, "--on-policy", "--out", str(tmp_path / "new"))
     new, _ = ckpt.load_checkpoint(*ckpt.find_checkpoint(tmp_path / "new"))
-    assert new.as_written()["trajectory"]["exact_kernel"] == 2
+    assert new.as_written()["trajectory"]["exact_kernel"] == EXACT_KERNEL

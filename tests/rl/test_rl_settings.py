@@ -208,7 +208,7 @@ def test_the_exact_kernel_is_settled_like_the_sampler():
     base = RLConfig(source="s", task="count", out="o")
     new = base.resolved(None)
     assert (new.sampler, new.exact_kernel) == ("exact", EXACT_KERNEL)
-    assert new.trajectory()["exact_kernel"] == EXACT_KERNEL == 2
+    assert new.trajectory()["exact_kernel"] == EXACT_KERNEL == 3
     old = base.resolved({"sampler": "exact"})
     assert old.exact_kernel == 1 and "exact_kernel" not in old.trajectory()
     unsettled = RLConfig(source="s", task="count", out="o", sampler="exact")  # as before the key
@@ -216,7 +216,7 @@ def test_the_exact_kernel_is_settled_like_the_sampler():
     assert base.resolved({"sampler": "exact", "exact_kernel": 2}).exact_kernel == 2
     plain = RLConfig(source="s", task="count", out="o", sampler="plain").resolved(None)
     assert "exact_kernel" not in plain.trajectory()
-    for bad in (0, 3, "two"):
+    for bad in (0, 4, "two"):
         with pytest.raises(ConfigError, match="exact_kernel") as refused:
             RLConfig(source="s", task="count", out="o", exact_kernel=bad)
         assert "\n" not in str(refused.value)
