@@ -4,12 +4,13 @@ the plain cached step, in one process, interleaved: what a change to the exact p
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.exact_steps [--against 9787f5c]
         [--presets tiny small] [--batches 1 8] [--steps 40] [--rounds 7]
 
-The earlier modules are read from git (`git show COMMIT:octlm/model/exact.py` and its
-`exact_products.py`) and imported beside today's, so they run on today's model, RoPE and
-packing helpers (fine while those keep their names; tests/model/test_exact_history.py holds
-the two to the same bits). Each round times,
-in rotating order, `--steps` decode steps of each path after the same 16-token prefill; the
-result is each path's median step and the medians of the per-round ratios.
+The earlier modules are read from git (`git show COMMIT:octlm/model/exact.py` and the
+siblings it had: `exact_products.py`, `exact_tiles.py`, `exact_blocks.py`) and imported beside
+today's, so they run on today's model, RoPE and packing helpers (fine while those keep their
+names; tests/model/test_exact_history.py holds kernels 1-2 to the old bits). Both sides run
+their default kernel (today's `EXACT_KERNEL`, which older code reads as its newest). Each round
+times, in rotating order, `--steps` decode steps of each path after the same 16-token prefill;
+the result is each path's median step and the medians of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -58,21 +59,33 @@ def load(name: str, text: str) -> ModuleType:
     return module
 
 
+SIBLINGS = ("exact_tiles", "exact_products", "exact_blocks")
+"""The exact path's modules beside `exact.py`, in an order each imports only earlier ones."""
+
+
 def module_at(commit: str) -> ModuleType:
-    """`octlm/model/exact.py` as it was at `commit`, on its products as they were then
-    (`exact_products.py`), imported under other names."""
+    """`octlm/model/exact.py` as it was at `commit`, on its sibling modules as they were then
+    (those the commit has), imported under other names."""
 
-    def show(path: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+    def show(name: str) -> str | None:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{commit}:octlm/model/{name}.py"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        return done.stdout if done.returncode == 0 else None
 
-    load("exact_products_before", show("octlm/model/exact_products.py"))
-    text = show("octlm/model/exact.py").replace(
-        "from octlm.model.exact_products import", "from exact_products_before import"
-    )
-    return load("exact_before", text)
+    def then(text: str) -> str:
+        for name in SIBLINGS:
+            text = text.replace(f"from octlm.model.{name} import", f"from {name}_before import")
+        return text
+
+    for name in SIBLINGS:
+        text = show(name)
+        if text is not None:
+            load(f"{name}_before", then(text))
+    text = show("exact")
+    assert text is not None, f"{commit} has no octlm/model/exact.py"
+    return load("exact_before", then(text))
 
 
 def exact_step(module: ModuleType, model: GPT, ids: torch.Tensor, steps: int) -> float:

@@ -134,7 +134,7 @@ def forward_exact(
     group, kv = model.config.n_heads // model.config.n_kv_heads, model.config.n_kv_heads
     qpos = query_positions(positions, group)
     width = -(-(last + 1) // KEYS) * KEYS
-    masked = blocks(positions, kv, group) if kernel >= 3 else future_keys(qpos, last, kv)
+    masked = blocks(positions) if kernel >= 3 else future_keys(qpos, last, kv)
     layout = Layout(
         B,
         T,
@@ -218,7 +218,9 @@ def _blocks(q: Tensor, keys: Tensor, values: Tensor, layout: Layout, dest: tuple
     parts = layout.masked
     B, H, T, D = q.shape
     in_place = (
-        parts[0].rows is None
+        T == 1
+        and len(parts) == 1
+        and parts[0].rows is None
         and out.dtype == torch.float32
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")

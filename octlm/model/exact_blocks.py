@@ -17,11 +17,15 @@ A decode step whose rows share a width (the usual case: rows of one length, or o
 block of 64) runs as four ops a layer, the cache's keys and values read in place: the scores'
 batched product, the bias's add, the softmax, the values' product written into the output
 projection's input. Otherwise (a prefill, a scored batch, rows of other widths) the queries are
-grouped by width (`blocks`, once per call) and each group's keys and values are gathered per
-query (at most `GATHER` elements a group at a time)."""
+grouped once per call (`blocks`) by width and by their run of positions in each row, and each
+group is one product per key/value head of a row: all its positions' query rows against the
+row's keys, where this machine's batched product gives each row the bits of its own tile
+(`rows_agree`, checked once per shape), else one tile per position (the keys copied per
+position)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -30,19 +34,21 @@ from torch import Tensor
 
 from octlm.model.exact_tiles import KEYS
 
-GATHER = 1 << 22
-"""Elements of gathered keys a group of queries holds at once (bounds memory; changes no bit)."""
+SCORES = 1 << 23
+"""Score elements a group of rows computes at once (bounds memory; changes no bit)."""
 
 
 @dataclass(frozen=True)
 class Block:
-    """Queries that reduce over the same width: their rows and positions in the call, or None
-    for every row at its one position (a decode step of one width), and their bias."""
+    """Queries that reduce over the same width: rows `rows` (None: every row) at their steps
+    lo..hi of the call (each row's positions are its start + step), and their bias, (n or B, 1,
+    hi - lo, 1, width): 0 where a query reads a key, -inf past it."""
 
     width: int
-    rows: Tensor | None  # (n,): each query's row b
-    steps: Tensor | None  # (n,): each query's index t among the call's positions
-    bias: Tensor  # (n or B, KV, group, width): 0 where a query reads a key, -inf past it
+    rows: Tensor | None
+    lo: int
+    hi: int
+    bias: Tensor
 
 
 def width_of(positions: Tensor) -> Tensor:
@@ -50,38 +56,92 @@ def width_of(positions: Tensor) -> Tensor:
     return torch.div(positions, KEYS, rounding_mode="floor").add_(1).mul_(KEYS)
 
 
-def bias_of(positions: Tensor, width: int, kv: int, group: int) -> Tensor:
-    """(n, KV, group, width): 0 up to each position, -inf past it, for positions (n,)."""
+def bias_of(positions: Tensor, width: int) -> Tensor:
+    """(n, 1, m, 1, width) for positions (n, m): 0 up to each position, -inf past it."""
+    n, m = positions.shape
     slot = torch.arange(width, device=positions.device)
-    past = slot.view(1, width) > positions.view(-1, 1)  # (n, width)
-    bias = torch.zeros(past.shape, device=positions.device).masked_fill_(past, float("-inf"))
-    return bias.view(-1, 1, 1, width).expand(-1, kv, group, width).contiguous()
+    past = slot > positions.view(n, 1, m, 1, 1)
+    return torch.zeros(past.shape, device=positions.device).masked_fill_(past, float("-inf"))
 
 
-def blocks(positions: Tensor, kv: int, group: int) -> list[Block]:
-    """The call's queries grouped by width, for positions (B, T): one block of every row where
-    T is 1 and the rows share a width, else a block per width present."""
-    widths = width_of(positions)
+def blocks(positions: Tensor) -> list[Block]:
+    """The call's queries (positions (B, T), each row's consecutive) grouped by width and, within
+    a width, by the run of steps each row has there: rows with the same run are one block."""
     B, T = positions.shape
-    if T == 1 and int(widths.min()) == int(widths.max()):
-        width = int(widths[0, 0])
-        return [Block(width, None, None, bias_of(positions.view(B), width, kv, group))]
+    widths = width_of(positions)
+    if bool((widths == widths[:1]).all()):  # every row's width runs alike: one block a width
+        cuts = [0, *(t for t in range(1, T) if widths[0, t] != widths[0, t - 1]), T]
+        return [
+            Block(
+                int(widths[0, lo]), None, lo, hi, bias_of(positions[:, lo:hi], int(widths[0, lo]))
+            )
+            for lo, hi in zip(cuts, cuts[1:], strict=False)
+        ]
+    runs: dict[tuple[int, int, int], list[int]] = {}
+    for b in range(B):
+        row = widths[b].tolist()
+        lo = 0
+        for t in range(1, T + 1):
+            if t == T or row[t] != row[lo]:
+                runs.setdefault((row[lo], lo, t), []).append(b)
+                lo = t
     out = []
-    for width in sorted({int(w) for w in widths.unique()}):
-        rows, steps = (widths == width).nonzero(as_tuple=True)
-        out.append(Block(width, rows, steps, bias_of(positions[rows, steps], width, kv, group)))
+    for (width, lo, hi), rows in sorted(runs.items()):
+        index = torch.tensor(rows, device=positions.device)
+        out.append(Block(width, index, lo, hi, bias_of(positions[index, lo:hi], width)))
     return out
+
+
+@functools.cache
+def rows_agree(steps: int, group: int, depth: int, width: int, threads: int) -> bool:
+    """Whether this machine's batched product of `steps` positions' query rows at once (steps x
+    group rows) gives each row the bits of its own (group, depth) tile, for the scores (against
+    `width` keys, read transposed as from a cache) and the values' product, at `threads`
+    threads. MKL picks its kernel by the row count, so this is measured, not assumed: one random
+    draw per shape decides (orders that differ differ on it), once per process."""
+    generator = torch.Generator().manual_seed(steps * 7919 + group * 131 + width)
+    left = torch.randn(2, steps * group, depth, generator=generator)
+    keys = torch.randn(2, width, depth, generator=generator)
+    weights = torch.rand(2, steps * group, width, generator=generator)
+    values = torch.randn(2, width, depth, generator=generator)
+    whole = (torch.bmm(left, keys.transpose(1, 2)), torch.bmm(weights, values))
+    each = per_position(left, keys, steps), per_position(weights, values, steps, transpose=False)
+    return all(torch.equal(a, b) for a, b in zip(whole, each, strict=True))
+
+
+def per_position(left: Tensor, right: Tensor, steps: int, transpose: bool = True) -> Tensor:
+    """bmm(left, right (transposed)) of left (N, steps * group, X), right (N, L, Y) as one tile
+    per position: right copied per position (each tile its own product of one shape)."""
+    N, rows, X = left.shape
+    group = rows // steps
+    tiles = (
+        right.unsqueeze(1).expand(N, steps, *right.shape[1:]).reshape(N * steps, *right.shape[1:])
+    )
+    got = torch.bmm(
+        left.reshape(N * steps, group, X), tiles.transpose(1, 2) if transpose else tiles
+    )
+    return got.view(N, rows, -1)
 
 
 def softmax_values(
     left: Tensor, kt: Tensor, vt: Tensor, bias: Tensor, out: Tensor | None
 ) -> Tensor:
-    """Queries (N, group, D) over keys (N, D, L) and values (N, L, D), bias (N, group, L): the
-    attention's output (N, group, D), each tile its own (group, D) x (D, L) and (group, L) x
-    (L, D) products (one batched product of one shape each), written into `out` where given
+    """Queries (N, R, D) over keys (N, L, D) and values (N, L, D), bias broadcast to (N, R, L)
+    (as given, viewed): the attention's output (N, R, D), by one batched product each where the
+    rows agree with their tiles (`rows_agree`), else a tile per position; into `out` where given
     (no autograd)."""
-    scores = torch.bmm(left, kt)
-    weights = torch.softmax(torch.add(bias, scores, alpha=1.0 / math.sqrt(left.shape[-1])), -1)
+    N, R, D = left.shape
+    bias_shape = bias.shape
+    steps = bias_shape[2]  # positions in the rows: (n, 1, steps, 1, L)
+    group = R // steps
+    scale = 1.0 / math.sqrt(D)
+    whole = steps == 1 or rows_agree(steps, group, D, kt.shape[1], torch.get_num_threads())
+    scores = torch.bmm(left, kt.transpose(1, 2)) if whole else per_position(left, kt, steps)
+    n = bias_shape[0]
+    scores = scores.view(n, N // n, steps, group, kt.shape[1])
+    weights = torch.softmax(torch.add(bias, scores, alpha=scale), -1).view(N, R, kt.shape[1])
+    if not whole:
+        return per_position(weights, vt, steps, transpose=False)
     return torch.bmm(weights, vt) if out is None else torch.bmm(weights, vt, out=out)
 
 
@@ -90,31 +150,30 @@ def attend_blocks(
 ) -> Tensor:
     """Causal attention of q (B, H, T, D) over keys and values (B, KV, W, D) (row b's key at
     position j in slot j, W at least every query's width), for the call's `blocks`:
-    (B, KV, H // KV, T, D) float32, or written into `into` (a decode step of one width, no
-    autograd: `into` (B * KV, group, D) contiguous) and returned as None."""
+    (B, KV, H // KV, T, D) float32. `into`: where a decode step of one block writes (no
+    autograd; (B * KV, group, D) contiguous float32)."""
     B, H, T, D = q.shape
     KV = keys.shape[1]
     group = H // KV
-    if parts[0].rows is None:  # a decode step of one width: the cache read in place
+    if T == 1 and len(parts) == 1 and parts[0].rows is None:  # the cache read in place
         width = parts[0].width
-        left = q.reshape(B * KV, group, D)
-        kt = keys[:, :, :width].reshape(B * KV, width, D).transpose(1, 2)
-        vt = values[:, :, :width].reshape(B * KV, width, D)
-        bias = parts[0].bias.view(B * KV, group, width)
-        got = softmax_values(left, kt, vt, bias, into)
+        kv = keys[:, :, :width].reshape(B * KV, width, D)
+        vv = values[:, :, :width].reshape(B * KV, width, D)
+        got = softmax_values(q.reshape(B * KV, group, D), kv, vv, parts[0].bias, into)
         return got.view(B, KV, group, T, D)
-    by_step = q.view(B, KV, group, T, D).permute(0, 3, 1, 2, 4)  # (B, T, KV, group, D)
-    out = q.new_zeros(B, T, KV, group, D)
+    by_step = q.view(B, KV, group, T, D).transpose(2, 3)  # (B, KV, T, group, D)
+    out = q.new_zeros(B, KV, T, group, D)
     for part in parts:
-        width = part.width
-        step = max(1, GATHER // (KV * width * D))
-        for lo in range(0, len(part.rows), step):
-            rows, steps = part.rows[lo : lo + step], part.steps[lo : lo + step]
-            n = len(rows)
-            left = by_step[rows, steps].reshape(n * KV, group, D)
-            kt = keys[rows, :, :width].reshape(n * KV, width, D).transpose(1, 2)
-            vt = values[rows, :, :width].reshape(n * KV, width, D)
-            bias = part.bias[lo : lo + step].view(n * KV, group, width)
-            got = softmax_values(left, kt, vt, bias, None)  # (bfloat16 under autocast)
-            out[rows, steps] = got.view(n, KV, group, D).to(out.dtype)
-    return out.permute(0, 2, 3, 1, 4)
+        width, m = part.width, part.hi - part.lo
+        rows = part.rows if part.rows is not None else torch.arange(B, device=q.device)
+        chunk = max(1, SCORES // (KV * m * group * width))
+        for at in range(0, len(rows), chunk):
+            some = rows[at : at + chunk]
+            n = len(some)
+            left = by_step[some, :, part.lo : part.hi].reshape(n * KV, m * group, D)
+            kv = keys[some, :, :width].reshape(n * KV, width, D)
+            vv = values[some, :, :width].reshape(n * KV, width, D)
+            bias = part.bias[at : at + chunk]
+            got = softmax_values(left, kv, vv, bias, None).view(n, KV, m, group, D)
+            out[some, :, part.lo : part.hi] = got.to(out.dtype)  # (bfloat16 under autocast)
+    return out.transpose(2, 3)

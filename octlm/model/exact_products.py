@@ -247,26 +247,41 @@ class Held:
 def few_rows(held: Held, rows: int) -> tuple[int, Any]:
     """Kernel 2's cheapest call of its very bits for `rows` (at most `FEW_ROWS`): the served
     code and parts `run_packed` takes. oneDNN's call costs 30-40 us more than MKL's on a small
-    weight, which a few rows never win back: measured at 1 thread over a decode step's products
-    in order (docs/performance.md, "Exact products at a few rows"), MKL's product over the
+    weight, which a few rows never win back. Measured at 1 thread over a decode step's products
+    in order (docs/performance.md, "Exact products at a few rows"): MKL's product over the
     transposed chunks costs about two thirds of oneDNN's at 2 to 16 rows on `tiny` and at 2
-    rows on `small`, and MKL's 2-row tiles lie between. From 4 rows on, a weight of
-    `MIN_WEIGHT` elements or more (`small`'s widest, any head) streams better through oneDNN's
-    packing, whose cost per row is lower."""
-    out, inp = held.joined.shape
-    cut = "none"
-    if rows == ROWS or held.joined.numel() < MIN_WEIGHT:
-        cut = nn_cut(out, inp, rows, torch.get_num_threads())
-    if cut != "none":
-        if cut not in held.transposed:
-            held.transposed[cut] = transposed_parts(held.joined, cut == "whole")
-        return 4, held.transposed[cut]
+    rows on `small`; at 2 rows, for a weight of `MIN_WEIGHT` elements or more (`small`'s widest,
+    its head), MKL's tiles over a weight packed once cost about 10% less again (the plain
+    product repacks the weight every call); from 4 rows on, such a weight streams better
+    through oneDNN's packing, whose cost per row is lower."""
+    big = held.joined.numel() >= MIN_WEIGHT
     if rows == ROWS:
-        if held.tiles is NOT_YET:
-            held.tiles = tile_packs(held.joined)
-        if held.tiles is not None:
-            return 3, held.tiles
+        order = ("tiles", "nn") if big else ("nn", "tiles")
+    else:
+        order = () if big else ("nn",)
+    for way in order:
+        found = tiles_of(held) if way == "tiles" else transposed_of(held, rows)
+        if found is not None:
+            return (3 if way == "tiles" else 4), found
     return held.served, held.packed
+
+
+def tiles_of(held: Held) -> Any:
+    """`tile_packs` of the held weight, made on first ask (None where no cut agrees)."""
+    if held.tiles is NOT_YET:
+        held.tiles = tile_packs(held.joined)
+    return held.tiles
+
+
+def transposed_of(held: Held, rows: int) -> Any:
+    """`transposed_parts` of the held weight by `nn_cut` for `rows`, made on first ask (None
+    where no cut agrees)."""
+    cut = nn_cut(*held.joined.shape, rows, torch.get_num_threads())
+    if cut == "none":
+        return None
+    if cut not in held.transposed:
+        held.transposed[cut] = transposed_parts(held.joined, cut == "whole")
+    return held.transposed[cut]
 
 
 class PackedProduct(torch.autograd.Function):

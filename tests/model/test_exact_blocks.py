@@ -11,7 +11,7 @@ import torch
 
 from octlm.config.shape import preset
 from octlm.model.exact import ExactCache, forward_exact
-from octlm.model.exact_blocks import blocks
+from octlm.model.exact_blocks import blocks, per_position, rows_agree
 from octlm.model.gpt import GPT
 
 CONTEXT = 200
@@ -28,14 +28,40 @@ def ids_of(n: int, seed: int, batch: int = 1) -> torch.Tensor:
     return torch.randint(0, 4096, (batch, n), generator=torch.Generator().manual_seed(seed))
 
 
-def test_queries_are_grouped_by_width() -> None:
-    one = blocks(torch.tensor([[5], [63]]), kv=2, group=3)  # one width: the cache read in place
+def test_queries_are_grouped_by_width_and_run() -> None:
+    one = blocks(torch.tensor([[5], [63]]))  # one width: the cache read in place
     assert len(one) == 1 and one[0].rows is None and one[0].width == 64
-    assert one[0].bias.shape == (2, 2, 3, 64)
-    assert torch.isinf(one[0].bias[0, 0, 0, 6:]).all() and (one[0].bias[0, :, :, :6] == 0).all()
-    mixed = blocks(torch.tensor([[62, 63, 64], [0, 1, 2]]), kv=2, group=3)
-    assert [b.width for b in mixed] == [64, 128]
-    assert mixed[1].rows.tolist() == [0] and mixed[1].steps.tolist() == [2]
+    assert one[0].bias.shape == (2, 1, 1, 1, 64)
+    assert torch.isinf(one[0].bias[0, 0, 0, 0, 6:]).all() and (one[0].bias[0, ..., :6] == 0).all()
+    full = blocks(torch.arange(130).expand(2, 130))  # a full forward: a block per width
+    assert [(b.width, b.rows, b.lo, b.hi) for b in full] == [
+        (64, None, 0, 64),
+        (128, None, 64, 128),
+        (192, None, 128, 130),
+    ]
+    mixed = blocks(torch.tensor([[62, 63, 64], [0, 1, 2]]))  # rows whose runs differ
+    assert [(b.width, b.rows.tolist(), b.lo, b.hi) for b in mixed] == [
+        (64, [0], 0, 2),
+        (64, [1], 0, 3),
+        (128, [0], 2, 3),
+    ]
+
+
+@pytest.mark.parametrize("group, depth", [(3, 32), (3, 64), (1, 32), (2, 128)])
+def test_the_rows_check_tells_where_one_product_gives_each_tiles_bits(group, depth) -> None:
+    """The check that lets a prefill run a row's positions in one product says what fresh inputs
+    show, both ways: where it holds, one product and a tile per position agree; where it fails
+    (on this machine a 1-row tile, MKL's matrix-vector kernel, and wider heads), they differ."""
+    for steps, width in ((64, 64), (64, 128), (7, 192), (2, 256)):
+        agree = rows_agree(steps, group, depth, width, torch.get_num_threads())
+        g = torch.Generator().manual_seed(steps + width)
+        left = torch.randn(4, steps * group, depth, generator=g)
+        keys = torch.randn(4, width, depth, generator=g)
+        same = torch.equal(torch.bmm(left, keys.transpose(1, 2)), per_position(left, keys, steps))
+        weights, values = torch.rand(4, steps * group, width, generator=g), keys
+        one = torch.bmm(weights, values)
+        same &= torch.equal(one, per_position(weights, values, steps, transpose=False))
+        assert same == agree, (steps, width)
 
 
 @pytest.mark.parametrize("autocast", [False, True])
