@@ -94,7 +94,7 @@ class Layout:
     positions: Tensor  # (B, T)
     cos: Tensor  # (B, 1, T, D)
     sin: Tensor
-    qpos: Tensor  # (B, nq * QUERIES): each query row's position (`query_positions`)
+    qpos: Tensor | None  # kernels 1-2: (B, nq * QUERIES), each query row's position
     width: int
     """Key slots up to the largest position's key tile (the keys a full forward pads to)."""
     masked: Tensor | list[Block]
@@ -132,9 +132,9 @@ def forward_exact(
     packs: dict[Any, Any] = {} if cache is None else cache.packs
     kernel = kernel if cache is None else cache.kernel
     group, kv = model.config.n_heads // model.config.n_kv_heads, model.config.n_kv_heads
-    qpos = query_positions(positions, group)
+    qpos = None if kernel >= 3 else query_positions(positions, group)
     width = -(-(last + 1) // KEYS) * KEYS
-    masked = blocks(positions) if kernel >= 3 else future_keys(qpos, last, kv)
+    masked = blocks(positions) if qpos is None else future_keys(qpos, last, kv)
     layout = Layout(
         B,
         T,
@@ -280,13 +280,15 @@ def scratch(layout: Layout, make: Callable[[], tuple[Tensor, ...]]) -> tuple[Ten
 def buffers(x: Tensor, layout: Layout, heads: tuple[int, int, int]) -> tuple[Tensor, ...]:
     """For x (M, C): the output projection's input (M, H * D) zeroed, its real rows viewed as
     the attention's output (B, KV, group, T, D) (the heads back in (row, head) order, in x's
-    dtype, with x's padding rows), and the attention's query tiles (`attention`'s `tiles`)."""
+    dtype, with x's padding rows), and kernels 1-2's query tiles (`attention`'s `tiles`; None
+    for kernel 3)."""
     B, T = layout.B, layout.T
     KV, group, D = heads
     out = x.new_zeros(x.shape[0], KV * group * D)
     into = out[: B * T].view(B, T, KV, group, D).permute(0, 2, 3, 1, 4)
-    queries = layout.qpos.shape[1]
-    return out, into, x.new_zeros(B, KV, queries, D, dtype=torch.float32)
+    if layout.qpos is None:
+        return out, into, None
+    return out, into, x.new_zeros(B, KV, layout.qpos.shape[1], D, dtype=torch.float32)
 
 
 def key_tiles(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:

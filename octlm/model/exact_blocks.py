@@ -56,18 +56,28 @@ def width_of(positions: Tensor) -> Tensor:
     return torch.div(positions, KEYS, rounding_mode="floor").add_(1).mul_(KEYS)
 
 
+@functools.cache
+def slots(width: int, device: torch.device) -> Tensor:
+    """0..width-1, made once per width and device (a decode step's bias is per-op overhead)."""
+    return torch.arange(width, device=device)
+
+
 def bias_of(positions: Tensor, width: int) -> Tensor:
     """(n, 1, m, 1, width) for positions (n, m): 0 up to each position, -inf past it."""
     n, m = positions.shape
-    slot = torch.arange(width, device=positions.device)
-    past = slot > positions.view(n, 1, m, 1, 1)
-    return torch.zeros(past.shape, device=positions.device).masked_fill_(past, float("-inf"))
+    past = slots(width, positions.device) > positions.view(n, 1, m, 1, 1)
+    return torch.where(past, float("-inf"), 0.0)
 
 
 def blocks(positions: Tensor) -> list[Block]:
     """The call's queries (positions (B, T), each row's consecutive) grouped by width and, within
     a width, by the run of steps each row has there: rows with the same run are one block."""
     B, T = positions.shape
+    if T == 1:  # a decode step: its widths in Python (a few ops fewer a step)
+        each = {(p // KEYS + 1) * KEYS for p in positions.view(B).tolist()}
+        if len(each) == 1:
+            width = each.pop()
+            return [Block(width, None, 0, 1, bias_of(positions, width))]
     widths = width_of(positions)
     if bool((widths == widths[:1]).all()):  # every row's width runs alike: one block a width
         cuts = [0, *(t for t in range(1, T) if widths[0, t] != widths[0, t - 1]), T]
