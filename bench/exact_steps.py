@@ -2,7 +2,11 @@
 the plain cached step, in one process, interleaved: what a change to the exact path bought.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.exact_steps [--against 9787f5c]
-        [--presets tiny small] [--batches 1 8] [--steps 40] [--rounds 7]
+        [--presets tiny small] [--batches 1 8] [--steps 40] [--rounds 7] [--full]
+
+`--full` times instead the full forward of a scored batch (`SCORED`: an evaluation's
+micro-batch, a prefill, an on-policy update's forward) for each path: the plain one is
+`GPT.forward`.
 
 The earlier modules are read from git (`git show COMMIT:octlm/model/exact.py` and the
 siblings it had: `exact_products.py`, `exact_tiles.py`, `exact_blocks.py`) and imported beside
@@ -35,6 +39,9 @@ from octlm.model.packed import PackedWeights
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = 16
+SCORED = {"tiny": (16, 120), "small": (8, 250)}
+"""Rows x tokens of `--full`'s batch per preset (others: 8 x 120). Not whole key tiles of 64:
+kernels 1-2 before d2c71ac failed on those (a strided view)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--full", action="store_true", help="time a scored batch's forward")
     return parser
 
 
@@ -113,13 +121,28 @@ def plain_step(model: GPT, ids: torch.Tensor, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def full_forward(forward, ids: torch.Tensor) -> float:
+    """Seconds one call of `forward(ids)` takes."""
+    t0 = time.perf_counter()
+    forward(ids)
+    return time.perf_counter() - t0
+
+
 def timed(model: GPT, ids: torch.Tensor, before: ModuleType, args: argparse.Namespace) -> dict:
-    """Per path ("before", "now", "plain"): its step's seconds, one a round, the order rotated."""
-    paths = {
-        "before": lambda: exact_step(before, model, ids, args.steps),
-        "now": lambda: exact_step(exact, model, ids, args.steps),
-        "plain": lambda: plain_step(model, ids, args.steps),
-    }
+    """Per path ("before", "now", "plain"): its step's (or with `--full` its forward's) seconds,
+    one a round, the order rotated."""
+    if args.full:
+        paths = {
+            "before": lambda: full_forward(lambda x: before.forward_exact(model, x), ids),
+            "now": lambda: full_forward(lambda x: exact.forward_exact(model, x), ids),
+            "plain": lambda: full_forward(model, ids),
+        }
+    else:
+        paths = {
+            "before": lambda: exact_step(before, model, ids, args.steps),
+            "now": lambda: exact_step(exact, model, ids, args.steps),
+            "plain": lambda: plain_step(model, ids, args.steps),
+        }
     for run in paths.values():
         run()  # warm each
     times: dict[str, list[float]] = {k: [] for k in paths}
@@ -138,13 +161,15 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     before = module_at(args.against)
     torch.set_grad_enabled(False)
-    print(f"threads {torch.get_num_threads()}, {args.steps} steps, {args.rounds} rounds, fp32")
+    what = "the full forward of a scored batch" if args.full else f"{args.steps} decode steps"
+    print(f"threads {torch.get_num_threads()}, {what}, {args.rounds} rounds, fp32")
     print("preset  batch  before ms  now ms  plain ms  now/before  before/plain  now/plain")
     for name in args.presets:
         torch.manual_seed(0)
         model = GPT(preset(name)).eval()
-        for batch in args.batches:
-            ids = torch.randint(0, model.config.vocab_size, (batch, PROMPT))
+        shapes = [SCORED.get(name, (8, 120))] if args.full else [(b, PROMPT) for b in args.batches]
+        for batch, length in shapes:
+            ids = torch.randint(0, model.config.vocab_size, (batch, length))
             times = timed(model, ids, before, args)
             ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             print(

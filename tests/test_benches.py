@@ -218,3 +218,18 @@ def test_the_packed_products_bench_runs_in_a_quick_mode(capsys) -> None:
     assert "kernel 1 ms" in rows[0] and "kernel 2 ms" in rows[0]
     assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "8"]
     assert all(row.count("x)") == 3 for row in rows[1:])
+
+
+def test_the_exact_steps_bench_runs_against_an_earlier_commit(capsys) -> None:
+    """bench/exact_steps.py against the commit before kernel 3 (whose exact path had no sibling
+    modules but `exact_products.py`), on `tiny`, one round: a decode row per batch, then with
+    `--full` a scored batch's row, each with its three times and ratios."""
+    from bench.exact_steps import main
+
+    main(["--against", "55e62cd", "--presets", "tiny", "--batches", "1", "--steps", "2",
+          "--rounds", "1"])  # fmt: skip
+    main(["--against", "55e62cd", "--presets", "tiny", "--rounds", "1", "--full"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    table = [row for row in rows if row and row[0] == "tiny"]
+    assert [row[1] for row in table] == ["1", "16"] and all(len(row) == 8 for row in table)
+    assert all(float(x) > 0 for row in table for x in row[2:])
