@@ -61,6 +61,10 @@ product, their results added in order: within 384 inputs MKL's 2-row tile and on
 same order (`tile_cut`), so a decode step's tile may run on MKL's faster call for 1-2 rows."""
 
 
+NOT_YET = object()
+"""A packing (`Held.packed`, `Held.tiles`) not made yet: made when a call first needs it."""
+
+
 def padded_rows(n: int) -> int:
     return -(-n // ROWS) * ROWS
 
@@ -138,13 +142,14 @@ def mkl_pack(weight: Tensor) -> Tensor:
     return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), ROWS)
 
 
-def pack(weight: Tensor, kernel: int) -> tuple[int, Any]:
+def pack(weight: Tensor, kernel: int, now: bool = True) -> tuple[int, Any]:
     """The kernel that serves `weight` on this machine (`run_packed`'s `served`) and its packed
-    copy: for kernel 2 one oneDNN packing per input chunk, (lo, hi, packed)."""
+    copy: for kernel 2 one oneDNN packing per input chunk, (lo, hi, packed), or with `now`
+    False `NOT_YET` (packed when a call first needs it: a decode's few rows may never)."""
     if not float32_cpu(weight):
         return 0, None
     if kernel >= 2 and rows_invariant():
-        return 2, onednn_parts(weight)
+        return 2, onednn_parts(weight) if now else NOT_YET
     if torch.backends.mkl.is_available():
         return 1, mkl_pack(weight)
     return 0, None
@@ -222,9 +227,6 @@ def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-NOT_YET = object()
-"""`Held.tiles` before any single tile of rows asked for them."""
-
 FEW_ROWS = 16
 """Up to this many rows (a decode step's batch), kernel 2 may run on MKL's calls of the same
 bits (`few_rows`); from there on oneDNN's one call per chunk serves."""
@@ -263,7 +265,14 @@ def few_rows(held: Held, rows: int) -> tuple[int, Any]:
         found = tiles_of(held) if way == "tiles" else transposed_of(held, rows)
         if found is not None:
             return (3 if way == "tiles" else 4), found
-    return held.served, held.packed
+    return held.served, onednn_of(held)
+
+
+def onednn_of(held: Held) -> Any:
+    """The held weight's packing for its kernel, made on first ask (kernel 2's oneDNN chunks)."""
+    if held.packed is NOT_YET:
+        held.packed = onednn_parts(held.joined)
+    return held.packed
 
 
 def tiles_of(held: Held) -> Any:
@@ -311,10 +320,12 @@ def product(
     held = packs.get(id(weights[0]))
     if held is None:  # the kernel is decided here, once
         joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
-        held = packs[id(weights[0])] = Held(joined, *pack(joined, kernel))
+        held = packs[id(weights[0])] = Held(joined, *pack(joined, kernel, now=False))
     served, packed = held.served, held.packed
     if served == 2 and x.shape[0] <= FEW_ROWS:  # a decode step's rows: MKL's calls, same bits
         served, packed = few_rows(held, x.shape[0])
+    elif served == 2:
+        packed = onednn_of(held)
     grad = torch.is_grad_enabled() and weights[0].requires_grad
     weight = torch.cat(weights) if grad and len(weights) > 1 else held.joined
     if grad and served:
