@@ -17,14 +17,16 @@ size, the full forward), nor on the micro-batch an evaluation runs. Measured on 
 
 So here every matrix product gives a row the same bits whatever the other rows
 (`octlm/model/exact_products.py`: oneDNN's product over a packed weight, or MKL's in fixed
-tiles of 2 rows, by the kernel version asked for). Attention is written
-out: a query's scores against keys in tiles of `KEYS` (a (QUERIES, D) x (D, KEYS) product per
-query tile and key tile), keys past the query masked to -inf, the max over every key, the
-exponentials, each key tile's sum, and the tiles' partial sums and value products added in key
-order (a cumulative sum: a left fold), so key tiles that lie wholly past the query add exact
-zeros and change no bit. A row's keys sit at its own positions 0, 1, ... (a batch is padded on
-the right, never on the left), so a row alone and in any batch reduce over the same layout.
-Elementwise ops (norms, RoPE, SwiGLU, residual adds) act on each row alone.
+tiles of 2 rows, by the kernel version asked for). Attention, kernel 3 (the default;
+`octlm/model/exact_blocks.py`): each query over its own key blocks of `KEYS` in one softmax,
+in tiles whose shapes follow its position only. Kernels 1-2 (kept for the RL runs that recorded
+them) write it out: a query's scores against keys in tiles of `KEYS` (a (QUERIES, D) x (D,
+KEYS) product per query tile and key tile), keys past the query masked to -inf, the max over
+every key, the exponentials, each key tile's sum, and the tiles' partial sums and value products
+added in key order (a cumulative sum: a left fold), so key tiles that lie wholly past the query
+add exact zeros and change no bit. A row's keys sit at its own positions 0, 1, ... (a batch is
+padded on the right, never on the left), so a row alone and in any batch reduce over the same
+layout. Elementwise ops (norms, RoPE, SwiGLU, residual adds) act on each row alone.
 
 A decode step of a small model costs its op count more than its arithmetic, so the path keeps
 ops few without moving a bit (tests/model/test_exact_history.py holds the bits to an earlier
