@@ -103,17 +103,25 @@ def blocks(positions: Tensor) -> list[Block]:
 
 
 @functools.cache
-def rows_agree(steps: int, group: int, depth: int, width: int, threads: int) -> bool:
+def rows_agree(
+    steps: int, group: int, depth: int, width: int, threads: int, device: str = "cpu"
+) -> bool:
     """Whether this machine's batched product of `steps` positions' query rows at once (steps x
     group rows) gives each row the bits of its own (group, depth) tile, for the scores (against
     `width` keys, read transposed as from a cache) and the values' product, at `threads`
-    threads. MKL picks its kernel by the row count, so this is measured, not assumed: one random
-    draw per shape decides (orders that differ differ on it), once per process."""
+    threads, on `device`. MKL picks its kernel by the row count, so this is measured, not
+    assumed: one random draw per shape decides (orders that differ differ on it), once per
+    process."""
     generator = torch.Generator().manual_seed(steps * 7919 + group * 131 + width)
-    left = torch.randn(2, steps * group, depth, generator=generator)
-    keys = torch.randn(2, width, depth, generator=generator)
-    weights = torch.rand(2, steps * group, width, generator=generator)
-    values = torch.randn(2, width, depth, generator=generator)
+
+    def draw(*shape: int, uniform: bool = False) -> Tensor:
+        made = (torch.rand if uniform else torch.randn)(*shape, generator=generator)
+        return made.to(device)
+
+    left = draw(2, steps * group, depth)
+    keys = draw(2, width, depth)
+    weights = draw(2, steps * group, width, uniform=True)
+    values = draw(2, width, depth)
     whole = (torch.bmm(left, keys.transpose(1, 2)), torch.bmm(weights, values))
     each = per_position(left, keys, steps), per_position(weights, values, steps, transpose=False)
     return all(torch.equal(a, b) for a, b in zip(whole, each, strict=True))
@@ -145,7 +153,8 @@ def softmax_values(
     steps = bias_shape[2]  # positions in the rows: (n, 1, steps, 1, L)
     group = R // steps
     scale = 1.0 / math.sqrt(D)
-    whole = steps == 1 or rows_agree(steps, group, D, kt.shape[1], torch.get_num_threads())
+    threads = torch.get_num_threads()
+    whole = steps == 1 or rows_agree(steps, group, D, kt.shape[1], threads, str(kt.device))
     scores = torch.bmm(left, kt.transpose(1, 2)) if whole else per_position(left, kt, steps)
     n = bias_shape[0]
     scores = scores.view(n, N // n, steps, group, kt.shape[1])
