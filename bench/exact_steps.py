@@ -157,10 +157,10 @@ def ratio(times: dict, a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
 
 
+@torch.no_grad()  # (not set_grad_enabled: a test calls main in its process)
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     before = module_at(args.against)
-    torch.set_grad_enabled(False)
     what = "the full forward of a scored batch" if args.full else f"{args.steps} decode steps"
     print(f"threads {torch.get_num_threads()}, {what}, {args.rounds} rounds, fp32")
     print("preset  batch  before ms  now ms  plain ms  now/before  before/plain  now/plain")

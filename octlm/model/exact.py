@@ -133,22 +133,7 @@ def forward_exact(
         raise ValueError("without a cache every row starts at position 0")
     packs: dict[Any, Any] = {} if cache is None else cache.packs
     kernel = kernel if cache is None else cache.kernel
-    group, kv = model.config.n_heads // model.config.n_kv_heads, model.config.n_kv_heads
-    qpos = None if kernel >= 3 else query_positions(positions, group)
-    width = -(-(last + 1) // KEYS) * KEYS
-    masked = blocks(positions) if qpos is None else future_keys(qpos, last, kv)
-    layout = Layout(
-        B,
-        T,
-        positions,
-        model.rope.cos[positions].unsqueeze(1),
-        model.rope.sin[positions].unsqueeze(1),
-        qpos,
-        width,
-        masked,
-        torch.arange(B, device=device).view(B, 1),
-        positions.view(B, 1, T, 1).expand(B, kv, T, model.config.head_dim),
-    )
+    layout = layout_of(model, positions, last, kernel)
     n, padded = B * T, padded_rows(B * T)
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)
     first: Tensor | None = None
@@ -170,6 +155,25 @@ def forward_exact(
         cap = model.config.logit_softcap
         logits = cap * torch.tanh(logits.float() / cap)
     return logits[:n].view(B, T, -1)
+
+
+def layout_of(model: GPT, positions: Tensor, last: int, kernel: int) -> Layout:
+    """The call's `Layout` for positions (B, T), `last` the largest."""
+    B, T = positions.shape
+    group, kv = model.config.n_heads // model.config.n_kv_heads, model.config.n_kv_heads
+    qpos = None if kernel >= 3 else query_positions(positions, group)
+    return Layout(
+        B,
+        T,
+        positions,
+        model.rope.cos[positions].unsqueeze(1),
+        model.rope.sin[positions].unsqueeze(1),
+        qpos,
+        -(-(last + 1) // KEYS) * KEYS,
+        blocks(positions) if qpos is None else future_keys(qpos, last, kv),
+        torch.arange(B, device=positions.device).view(B, 1),
+        positions.view(B, 1, T, 1).expand(B, kv, T, model.config.head_dim),
+    )
 
 
 def _attend(
