@@ -1,5 +1,6 @@
-"""The exact path's bits do not drift: today's `forward_exact` gives, for both product kernels,
-the bits that the code which introduced kernel 2 gave on this machine. An on-policy RL run
+"""The exact path's bits do not drift: today's `forward_exact` gives, for each kernel, the bits
+that the code pinned for it gave on this machine (kernels 1-2: the code that introduced kernel
+2; kernel 3: its own). An on-policy RL run
 records the kernel it sampled with (`exact_kernel`) and resumes on it, which holds only while a
 kernel's bits stay put; a refactor of the attention or the products that moved them would
 continue such a run inexactly. The old side runs the old code from the repository's history
@@ -25,8 +26,14 @@ from tests.shared import shared
 
 pytestmark = pytest.mark.slow
 KERNEL_2 = "9787f5c"
-"""A commit with both kernels (kernel 2 came in b2399b8's parent), before the exact path's
+"""A commit with kernels 1 and 2 (kernel 2 came in b2399b8's parent), before the exact path's
 attention and RoPE were rearranged for fewer ops."""
+KERNEL_3 = "bb29ecf"
+"""Kernel 3 as RL runs record it: its prefill runs a row's positions in one product where
+`rows_agree`. (Its first commit, d2c71ac, gathered keys per position: the same logits, but an
+update's gradients summed in another order.)"""
+PINS = [(KERNEL_2, (1, 2)), (KERNEL_3, (3,))]
+"""Each pinned commit and the kernels whose bits it holds."""
 
 CASES = textwrap.dedent(
     """
@@ -78,8 +85,8 @@ CASES = textwrap.dedent(
                 if load is not None:
                     model.load_state_dict(load(f"{o}.{name}"))
                 ids = ids_of(model.config.vocab_size)
-                # Outside float32 both kernels are the same plain product per tile: one will do.
-                for kernel in (1, 2) if name == "f32" else (2,):
+                # Outside float32 kernels 1 and 2 are the same plain product per tile: one will do.
+                for kernel in KERNELS if name == "f32" else KERNELS[-1:]:
                     key = f"{o}.{name}.k{kernel}"
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
                         inference(forward_exact, ExactCache, model, ids, kernel, key, out)
@@ -93,25 +100,29 @@ CASES = textwrap.dedent(
 OLD_SIDE = CASES + textwrap.dedent(
     """
     from octlm.model.exact import ExactCache, forward_exact
+    KERNELS = tuple(int(k) for k in sys.argv[2:])
     tensors = cases(forward_exact, ExactCache, None)
     save_file({k: v.contiguous() for k, v in tensors.items()}, sys.argv[1])
     """
 )
 
 
-@pytest.fixture(scope="module")
-def old_bits(tmp_path_factory) -> dict[str, torch.Tensor]:
+@pytest.fixture(scope="module", params=PINS, ids=lambda pin: "kernels" + "".join(map(str, pin[1])))
+def old_bits(request, tmp_path_factory) -> tuple[tuple[int, ...], dict[str, torch.Tensor]]:
+    commit, kernels = request.param
+
     def build(root: Path) -> None:
-        tree = extract(KERNEL_2, root / "code")
+        tree = extract(commit, root / "code")
         (root / "cases.py").write_text(OLD_SIDE)
-        run_old(tree, str(root / "cases.py"), str(root / "bits.safetensors"))
+        run_old(tree, str(root / "cases.py"), str(root / "bits.safetensors"), *map(str, kernels))
 
-    folder = shared(tmp_path_factory, "exact-kernel-2-bits", build)
-    return load_file(str(folder / "bits.safetensors"))
+    folder = shared(tmp_path_factory, f"exact-bits-{commit}", build)
+    return kernels, load_file(str(folder / "bits.safetensors"))
 
 
-def test_both_kernels_give_the_old_codes_bits(old_bits):
-    space: dict = {}
+def test_each_kernel_gives_the_old_codes_bits(old_bits):
+    kernels, old_bits = old_bits
+    space: dict = {"KERNELS": kernels}
     exec(compile(CASES, "cases", "exec"), space)
 
     def weights(prefix: str) -> dict[str, torch.Tensor]:
@@ -128,6 +139,7 @@ def test_both_kernels_give_the_old_codes_bits(old_bits):
 def test_the_control_the_plain_path_differs_from_the_old_bits(old_bits):
     """The same question to the plain cached decode lands elsewhere: the comparison above can
     tell bits apart."""
+    kernels, old_bits = old_bits
     from octlm.config.shape import preset
     from octlm.model.gpt import GPT
     from octlm.model.kvcache import KVCache, forward_cached
@@ -142,6 +154,6 @@ def test_the_control_the_plain_path_differs_from_the_old_bits(old_bits):
         cache = KVCache(model, 1)
         forward_cached(model, ids[:1, :149], cache)
         plain = forward_cached(model, ids[:1, 149:150], cache)[0, -1]
-    exact = old_bits["0.f32.k2.decode"][0, -1]
+    exact = old_bits[f"0.f32.k{kernels[-1]}.decode"][0, -1]
     assert plain.shape == exact.shape
     assert not torch.equal(plain, exact)
