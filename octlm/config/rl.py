@@ -41,9 +41,9 @@ from octlm.config.train import FIELDS as TRAIN_FIELDS
 
 EXACT_KERNELS = (1, 2, 3)
 """The exact path's kernels by version (`octlm/model/exact_products.py`,
-`octlm/model/exact_whole.py`): 1, MKL's product in tiles of 2 rows; 2, oneDNN's over a packed
-weight, every row in one call; 3, kernel 2's products and an attention over the whole context's
-width, one softmax."""
+`octlm/model/exact_blocks.py`): 1, MKL's product in tiles of 2 rows; 2, oneDNN's over a packed
+weight, every row in one call; 3, kernel 2's products and an attention of one softmax per query
+over its own key blocks."""
 EXACT_KERNEL = 3
 """The version a new run (and every generate, eval and server call) computes with."""
 ABSENT = {"on_policy": False, "sampler": "plain", "exact_kernel": 1}
@@ -98,7 +98,7 @@ class PolicySettings:
     logprob_diff reads 0.0 (docs/exactness.md, "Exact in use")."""
     exact_kernel: int | None = new_trajectory(None, checks.Int(1, EXACT_KERNELS[-1]))
     """The exact path's kernel (1: MKL's tiles of 2 rows, 2: oneDNN's packed product, 3: that
-    product and an attention over the whole context, `EXACT_KERNELS`), whose bits the exact
+    product and an attention of one softmax per query, `EXACT_KERNELS`), whose bits the exact
     sampler and the on-policy update compute. Unset: the newest for a new run, the run's own
     for a resume (1 for a run written before the key), so a run keeps its own bits."""
     steps: int = same_as_training("steps", 100)

@@ -27,7 +27,7 @@ resumed run keeps drawing its own bits):
   of the weight (`nn_cut`; else, for one tile, MKL's packed 2-row tiles, `tile_cut`), at
   kernel 2's very bits, and oneDNN serves the rest. On `small` (docs/performance.md, "Exact
   products") a step's products cost at 8 rows about half and at 64 rows about a fifth of
-  kernel 1's tiles; "Exact products at a few rows" has what the MKL calls save a decode step.
+  kernel 1's tiles; "Kernel 3 and MKL's few-row products" has what the MKL calls save a decode step.
   (Where MKL's tiles cut every weight as the chunks do, kernels 1 and 2 give the same
   bits: on this machine every weight of `tiny`, whose widest has 512 inputs.)
 
@@ -109,17 +109,24 @@ def tile_cut(out: int, inp: int) -> str:
     cuts 512 inputs in 2 halves, as the chunks do, and 1,024 otherwise; within 384 it does
     not cut). Orders that differ differ on random inputs (2 x `out` sums), so one draw
     decides, once per shape and process."""
+    return agreeing_cut(out, inp, ROWS, "tiles")
+
+
+def agreeing_cut(out: int, inp: int, rows: int, how: str) -> str:
+    """`tile_cut`'s and `nn_cut`'s check: whether `run_chunks(.., how)` of `rows` random rows
+    gives an (out, inp) weight the oneDNN chunks' bits over the whole weight ("whole") or a
+    chunk at a time ("chunks"), else "none"."""
     if not torch.backends.mkl.is_available():
         return "none"
-    generator = torch.Generator().manual_seed(out * 100_003 + inp)
+    generator = torch.Generator().manual_seed(out * 100_003 + inp * 101 + rows)
     weight = torch.randn(out, inp, generator=generator)
-    x = torch.randn(ROWS, inp, generator=generator)
+    x = torch.randn(rows, inp, generator=generator)
+    parts_of = mkl_parts if how == "tiles" else transposed_parts
     try:
         want = run_chunks(x, onednn_parts(weight), "onednn")
-        if torch.equal(torch.ops.mkl._mkl_linear(x, mkl_pack(weight), weight, None, ROWS), want):
-            return "whole"
-        if torch.equal(run_chunks(x, mkl_parts(weight), "tiles"), want):
-            return "chunks"
+        for cut in ("whole", "chunks"):
+            if torch.equal(run_chunks(x, parts_of(weight, cut == "whole"), how), want):
+                return cut
     except (RuntimeError, AttributeError):  # a build without these ops
         pass
     return "none"
@@ -198,19 +205,7 @@ def nn_cut(out: int, inp: int, rows: int, threads: int) -> str:
     (MKL's matrix-vector product) nothing agrees, which is why a lone row is padded to
     `ROWS`. Another MKL may pick another order by the row count: one random draw per shape,
     row count and thread count decides (orders that differ differ on it), once per process."""
-    if not torch.backends.mkl.is_available():
-        return "none"
-    generator = torch.Generator().manual_seed(out * 100_003 + inp * 101 + rows)
-    weight = torch.randn(out, inp, generator=generator)
-    x = torch.randn(rows, inp, generator=generator)
-    try:
-        want = run_chunks(x, onednn_parts(weight), "onednn")
-    except RuntimeError:  # a build without oneDNN's ops
-        return "none"
-    for cut in ("whole", "chunks"):
-        if torch.equal(run_chunks(x, transposed_parts(weight, cut == "whole"), "nn"), want):
-            return cut
-    return "none"
+    return agreeing_cut(out, inp, rows, "nn")
 
 
 def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
@@ -250,7 +245,7 @@ def few_rows(held: Held, rows: int) -> tuple[int, Any]:
     """Kernel 2's cheapest call of its very bits for `rows` (at most `FEW_ROWS`): the served
     code and parts `run_packed` takes. oneDNN's call costs 30-40 us more than MKL's on a small
     weight, which a few rows never win back. Measured at 1 thread over a decode step's products
-    in order (docs/performance.md, "Exact products at a few rows"): MKL's product over the
+    in order (docs/performance.md, "Kernel 3 and MKL's few-row products"): MKL's product over the
     transposed chunks costs about two thirds of oneDNN's at 2 to 16 rows on `tiny` and at 2
     rows on `small`; at 2 rows, for a weight of `MIN_WEIGHT` elements or more (`small`'s widest,
     its head), MKL's tiles over a weight packed once cost about 10% less again (the plain
