@@ -184,11 +184,12 @@ def attend_blocks(
     out = q.new_zeros(B, KV, T, group, D)
     for part in parts:
         width, m = part.width, part.hi - part.lo
-        rows = part.rows if part.rows is not None else torch.arange(B, device=q.device)
+        count = B if part.rows is None else len(part.rows)
         chunk = max(1, SCORES // (KV * m * group * width))
-        for at in range(0, len(rows), chunk):
-            some = rows[at : at + chunk]
-            n = len(some)
+        for at in range(0, count, chunk):
+            # Every row: a slice, so the keys are read in place (an index would copy them).
+            some = slice(at, at + chunk) if part.rows is None else part.rows[at : at + chunk]
+            n = min(count, at + chunk) - at
             left = by_step[some, :, part.lo : part.hi].reshape(n * KV, m * group, D)
             kv = keys[some, :, :width].reshape(n * KV, width, D)
             vv = values[some, :, :width].reshape(n * KV, width, D)
