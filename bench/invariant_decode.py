@@ -3,7 +3,7 @@ new tokens per second, exact against plain, at batch 1 (`generate`) and batch B
 (`generate_batch`), for each preset asked, fp32.
 
     .venv/bin/python -m bench.invariant_decode [--presets tiny small] [--new 64] [--rounds 5]
-        [--kernels 1 2]
+        [--kernels 1 2] [--fresh]
 
 The model is the preset's shape from its init (speed does not depend on the weights); greedy
 decoding after prompts of 16 tokens. Each round times the plain path and the exact path with
@@ -26,6 +26,7 @@ import torch
 from octlm.config.rl import EXACT_KERNEL, EXACT_KERNELS
 from octlm.config.shape import PRESETS, preset
 from octlm.generation.sampling import generate, generate_batch
+from octlm.model.exact_kept import keep_packed
 from octlm.model.gpt import GPT
 
 PROMPT_LEN = 16
@@ -42,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kernels", nargs="+", type=int, default=[EXACT_KERNEL], choices=EXACT_KERNELS
     )
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="pack the exact path's weights afresh each call (a model not kept: a GPT of your "
+        "own; `load_model`, so every CLI, keeps them)",
+    )  # fmt: skip
     return parser
 
 
@@ -75,11 +81,15 @@ def timed(model: GPT, prompts: list[list[int]], args: argparse.Namespace) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    print(f"threads {torch.get_num_threads()}, {args.new} new tokens per row, greedy, fp32")
+    packing = "packed afresh each call" if args.fresh else "packings kept"
+    threads = torch.get_num_threads()
+    print(f"threads {threads}, {args.new} new tokens per row, greedy, fp32, {packing}")
     print("preset  batch  kernel  plain tok/s  exact tok/s  exact/plain time (median of rounds)")
     for name in args.presets:
         torch.manual_seed(0)
         model = GPT(preset(name)).eval()
+        if not args.fresh:
+            keep_packed(model)  # as `load_model` does
         vocab = model.config.vocab_size
         for batch in args.batches:
             prompts = [torch.randint(0, vocab, (PROMPT_LEN,)).tolist() for _ in range(batch)]

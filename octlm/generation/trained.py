@@ -17,6 +17,7 @@ from octlm.data.shards import TOKENIZER_NAME, ShardDataset
 from octlm.device import resolve_device
 from octlm.errors import OctlmError
 from octlm.hashing import file_sha256
+from octlm.model.exact_kept import keep_packed
 from octlm.model.gpt import GPT
 from octlm.tokenizer.core import Tokenizer
 from octlm.trainer import checkpoint as ckpt
@@ -33,11 +34,13 @@ def load_weights(run_or_ckpt: str | Path) -> tuple[ckpt.CheckpointInfo, dict[str
 
 
 def load_model(run_or_ckpt: str | Path, device: str = "cpu") -> tuple[GPT, ckpt.CheckpointInfo]:
-    """The model of a run folder, a checkpoint or a snapshot file, in eval mode on `device`."""
+    """The model of a run folder, a checkpoint or a snapshot file, in eval mode on `device`,
+    its exact packings kept across calls (`octlm/model/exact_kept.py`)."""
     info, weights = load_weights(run_or_ckpt)
     model = GPT(ModelConfig.from_dict(info.model_config))  # type: ignore[arg-type]
     model.load_state_dict(weights)
     model.to(resolve_device(device)).eval()
+    keep_packed(model)
     return model, info
 
 

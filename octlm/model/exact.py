@@ -50,6 +50,7 @@ from torch import Tensor
 
 from octlm.config.rl import EXACT_KERNEL
 from octlm.model.exact_blocks import Block, attend_blocks, blocks
+from octlm.model.exact_kept import kept_packs
 from octlm.model.exact_products import padded_rows, product, tiled_linear
 from octlm.model.exact_tiles import (
     KEYS,
@@ -131,8 +132,10 @@ def forward_exact(
         raise ValueError(f"positions up to {last} do not fit context {limit}")
     if cache is None and bool(start.any()):
         raise ValueError("without a cache every row starts at position 0")
-    packs: dict[Any, Any] = {} if cache is None else cache.packs
     kernel = kernel if cache is None else cache.kernel
+    packs = kept_packs(model, kernel)
+    if packs is None:
+        packs = {} if cache is None else cache.packs
     layout = layout_of(model, positions, last, kernel)
     n, padded = B * T, padded_rows(B * T)
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)

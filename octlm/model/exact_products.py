@@ -25,9 +25,12 @@ resumed run keeps drawing its own bits):
   768 in halves as the chunks do, 1,024 otherwise, where a product per chunk still agrees).
   So a decode step's 2 to `FEW_ROWS` rows run on MKL's plain product over a transposed copy
   of the weight (`nn_cut`; else, for one tile, MKL's packed 2-row tiles, `tile_cut`), at
-  kernel 2's very bits, and oneDNN serves the rest. On `small` (docs/performance.md, "Exact
-  products") a step's products cost at 8 rows about half and at 64 rows about a fifth of
-  kernel 1's tiles; "Kernel 3 and MKL's few-row products" has what the MKL calls save a decode step.
+  kernel 2's very bits, and oneDNN serves the rest; a head of `PANEL_WEIGHT` elements or more
+  runs its 2 rows as panels (`panel_product`: one small product per contiguous block of 32
+  outputs, read once like the matrix-vector kernel's rows; `panel_cut`). On `small`
+  (docs/performance.md, "Exact products") a step's products cost at 8 rows about half and at
+  64 rows about a fifth of kernel 1's tiles; "Kernel 3 and MKL's few-row products" and "A head
+  in panels" have what the MKL calls save a decode step.
   (Where MKL's tiles cut every weight as the chunks do, kernels 1 and 2 give the same
   bits: on this machine every weight of `tiny`, whose widest has 512 inputs.)
 
@@ -47,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from octlm.config.rl import EXACT_KERNEL
+from octlm.model.exact_kept import Stamped, stamp
 from octlm.model.packed import MIN_WEIGHT, float32_cpu, onednn_linear, onednn_pack
 
 ROWS = 2
@@ -121,7 +125,7 @@ def agreeing_cut(out: int, inp: int, rows: int, how: str) -> str:
     generator = torch.Generator().manual_seed(out * 100_003 + inp * 101 + rows)
     weight = torch.randn(out, inp, generator=generator)
     x = torch.randn(rows, inp, generator=generator)
-    parts_of = mkl_parts if how == "tiles" else transposed_parts
+    parts_of = {"tiles": mkl_parts, "nn": transposed_parts, "panels": panel_parts}[how]
     try:
         want = run_chunks(x, onednn_parts(weight), "onednn")
         for cut in ("whole", "chunks"):
@@ -181,6 +185,8 @@ def run_chunks(x: Tensor, parts: list[tuple], how: str) -> Tensor:
             y = torch.ops.mkl._mkl_linear(rows, part[2], part[3], None, ROWS)
         elif how == "nn":
             y = rows @ part[2]
+        elif how == "panels":
+            y = panel_product(rows, part[2])
         else:
             y = onednn_linear(rows, part[2])
         out = y if out is None else out + y
@@ -192,6 +198,46 @@ def transposed_parts(weight: Tensor, whole: bool = False) -> list[tuple[int, int
     for the whole weight."""
     cuts = [(0, weight.shape[1])] if whole else chunks(weight.shape[1])
     return [(lo, hi, weight.detach()[:, lo:hi].t().contiguous()) for lo, hi in cuts]
+
+
+PANEL = 32
+"""Outputs per panel of `panel_parts`: MKL's small products (M x K by K x 32, B contiguous) run
+without packing, where 64 and more outputs a panel are packed on every call (measured at 1
+thread on `small`'s head: 16 and 32 cost about the same, 64 a third more)."""
+
+
+def panel_parts(weight: Tensor, whole: bool = False) -> list[tuple[int, int, Tensor]]:
+    """(lo, hi, the chunk as panels: (outputs / `PANEL`, inputs, `PANEL`), contiguous) per chunk
+    of kernel 2, or for the whole weight. A weight whose outputs are not whole panels has none
+    (`panel_cut` says "none")."""
+    out = weight.shape[0]
+    if out % PANEL:
+        raise ValueError(f"{out} outputs are not whole panels of {PANEL}")
+    cuts = [(0, weight.shape[1])] if whole else chunks(weight.shape[1])
+    return [(lo, hi, as_panels(weight.detach()[:, lo:hi])) for lo, hi in cuts]
+
+
+def as_panels(weight: Tensor) -> Tensor:
+    """weight (out, in) as (out / `PANEL`, in, `PANEL`): panel p holds outputs p * PANEL.. as
+    columns, one copy."""
+    return weight.unflatten(0, (-1, PANEL)).transpose(1, 2).contiguous()
+
+
+def panel_product(x: Tensor, panels: Tensor) -> Tensor:
+    """x @ W.T for W held as `as_panels`: one small product per panel in one batched call, each
+    panel read once from one contiguous block (as the matrix-vector kernel reads a row). On
+    this machine MKL adds a panel's products over the inputs one after another, as the chunks
+    do, at 2 to 16 rows (`panel_cut` checks it)."""
+    y = torch.bmm(x.unsqueeze(0).expand(panels.shape[0], -1, -1), panels)
+    return y.transpose(0, 1).reshape(x.shape[0], -1)
+
+
+@functools.cache
+def panel_cut(out: int, inp: int, rows: int, threads: int) -> str:
+    """`nn_cut` for `panel_product`: "whole", "chunks" or "none" (outputs not whole panels)."""
+    if out % PANEL:
+        return "none"
+    return agreeing_cut(out, inp, rows, "panels")
 
 
 @functools.cache
@@ -210,10 +256,10 @@ def nn_cut(out: int, inp: int, rows: int, threads: int) -> str:
 
 def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
     """x @ weight.T by the kernel `pack` chose: kernel 2's chunks by oneDNN (2), MKL's tiles of
-    the same bits (3) or MKL's product of the same bits over transposed chunks (4); kernel 1's
-    MKL tiles (1); plain tiles (0)."""
+    the same bits (3), MKL's product of the same bits over transposed chunks (4) or over panels
+    (5); kernel 1's MKL tiles (1); plain tiles (0)."""
     if served >= 2:
-        return run_chunks(x, packed, ("onednn", "tiles", "nn")[served - 2])
+        return run_chunks(x, packed, ("onednn", "tiles", "nn", "panels")[served - 2])
     tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step of 1 row: one tile
     if served == 1:
         parts = [torch.ops.mkl._mkl_linear(t, packed, weight, None, ROWS) for t in tiles]
@@ -229,38 +275,51 @@ bits (`few_rows`); from there on oneDNN's one call per chunk serves."""
 
 @dataclass(slots=True)
 class Held:
-    """One weight's (or joined weights') packing for a `packs` dict's life."""
+    """One weight's (or joined weights') packing for a `packs` dict's life (for `Stamped` packs:
+    while the weights keep their `stamp`; else empty)."""
 
+    stamp: tuple[int, ...]
     joined: Tensor
     served: int
     packed: Any
     tiles: Any = NOT_YET
     """`tile_packs` of the joined weight (None: none agree), made when a single tile of rows
     first asks (kernel 2)."""
-    transposed: dict[str, Any] = field(default_factory=dict)
-    """`transposed_parts` of the joined weight by `nn_cut`, made when a few rows first ask."""
+    cuts: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """`cut_parts` of the joined weight by (way, cut), made when a few rows first ask."""
 
 
 def few_rows(held: Held, rows: int) -> tuple[int, Any]:
     """Kernel 2's cheapest call of its very bits for `rows` (at most `FEW_ROWS`): the served
     code and parts `run_packed` takes. oneDNN's call costs 30-40 us more than MKL's on a small
     weight, which a few rows never win back. Measured at 1 thread over a decode step's products
-    in order (docs/performance.md, "Kernel 3 and MKL's few-row products"): MKL's product over the
-    transposed chunks costs about two thirds of oneDNN's at 2 to 16 rows on `tiny` and at 2
-    rows on `small`; at 2 rows, for a weight of `MIN_WEIGHT` elements or more (`small`'s widest,
-    its head), MKL's tiles over a weight packed once cost about 10% less again (the plain
-    product repacks the weight every call); from 4 rows on, such a weight streams better
-    through oneDNN's packing, whose cost per row is lower."""
-    big = held.joined.numel() >= MIN_WEIGHT
-    if rows == ROWS:
-        order = ("tiles", "nn") if big else ("nn", "tiles")
+    in order (docs/performance.md, "Kernel 3 and MKL's few-row products" and "A head in
+    panels"): MKL's product over the transposed chunks costs about two thirds of oneDNN's at 2
+    to 16 rows on `tiny` and at 2 rows on `small`; at 2 rows, for a weight of `MIN_WEIGHT`
+    elements or more (`small`'s w1|w3, `tiny`'s head), MKL's tiles over a weight packed once
+    cost less again (the plain product repacks the weight every call), and a head of
+    `PANEL_WEIGHT` elements or more (`small`'s) streams best as panels, about 20% cheaper than
+    the tiles; from 4 rows on, a weight of `MIN_WEIGHT` elements or more streams better through
+    oneDNN's packing, whose cost per row is lower. Each way runs only
+    where its check (`tile_cut`, `nn_cut`, `panel_cut`) found kernel 2's bits on this machine."""
+    size = held.joined.numel()
+    if rows == ROWS and size >= PANEL_WEIGHT:
+        order = ("panels", "tiles", "nn")
+    elif rows == ROWS:
+        order = ("tiles", "nn") if size >= MIN_WEIGHT else ("nn", "tiles")
     else:
-        order = () if big else ("nn",)
+        order = () if size >= MIN_WEIGHT else ("nn",)
     for way in order:
-        found = tiles_of(held) if way == "tiles" else transposed_of(held, rows)
+        found = tiles_of(held) if way == "tiles" else cut_parts(held, rows, way)
         if found is not None:
-            return (3 if way == "tiles" else 4), found
+            return {"tiles": 3, "nn": 4, "panels": 5}[way], found
     return held.served, onednn_of(held)
+
+
+PANEL_WEIGHT = 1 << 22
+"""Fewest elements a weight runs as panels (`panel_product`) at 2 rows: a head like `small`'s
+(32768 x 384, 12.6 M). Below it MKL's tiles cost less (measured on `small`'s w1|w3, 2048 x 384,
+and `tiny`'s head, 8192 x 256: 2.1 M)."""
 
 
 def onednn_of(held: Held) -> Any:
@@ -277,15 +336,16 @@ def tiles_of(held: Held) -> Any:
     return held.tiles
 
 
-def transposed_of(held: Held, rows: int) -> Any:
-    """`transposed_parts` of the held weight by `nn_cut` for `rows`, made on first ask (None
-    where no cut agrees)."""
-    cut = nn_cut(*held.joined.shape, rows, torch.get_num_threads())
+def cut_parts(held: Held, rows: int, way: str) -> Any:
+    """The held weight's parts for `way` ("nn": `transposed_parts` by `nn_cut`, "panels":
+    `panel_parts` by `panel_cut`) at `rows`, made on first ask (None where no cut agrees)."""
+    check, make = (nn_cut, transposed_parts) if way == "nn" else (panel_cut, panel_parts)
+    cut = check(*held.joined.shape, rows, torch.get_num_threads())
     if cut == "none":
         return None
-    if cut not in held.transposed:
-        held.transposed[cut] = transposed_parts(held.joined, cut == "whole")
-    return held.transposed[cut]
+    if (way, cut) not in held.cuts:
+        held.cuts[way, cut] = make(held.joined, cut == "whole")
+    return held.cuts[way, cut]
 
 
 class PackedProduct(torch.autograd.Function):
@@ -308,14 +368,16 @@ def product(
 ) -> Tensor:
     """x @ cat(weights).T for x (M, K), M a multiple of ROWS, by exact kernel `kernel`.
     Weights sharing an input (wq, wk, wv; w1, w3) are one product (fewer calls). The joined
-    weight and its packed copy are kept in `packs` (an `ExactCache`'s, for its decode; else one
-    forward's): the weights must not change while it lives, and one `packs` serves one kernel
-    in one autocast state. With autograd the weights are joined afresh (the same values), so
-    the gradient reaches each."""
+    weight and its packed copy are kept in `packs` (a kept model's, `octlm/model/exact_kept.py`;
+    an `ExactCache`'s, for its decode; else one forward's) while the weights keep their
+    `stamp`, and are made again once a weight changed in place (an optimizer's step) or was
+    replaced. One `packs` serves one kernel in one autocast state. With autograd the weights
+    are joined afresh (the same values), so the gradient reaches each."""
     held = packs.get(id(weights[0]))
-    if held is None:  # the kernel is decided here, once
+    now = stamp(weights) if isinstance(packs, Stamped) else ()
+    if held is None or held.stamp != now:  # the kernel is decided here, once
         joined = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
-        held = packs[id(weights[0])] = Held(joined, *pack(joined, kernel, now=False))
+        held = packs[id(weights[0])] = Held(now, joined, *pack(joined, kernel, now=False))
     served, packed = held.served, held.packed
     if served == 2 and x.shape[0] <= FEW_ROWS:  # a decode step's rows: MKL's calls, same bits
         served, packed = few_rows(held, x.shape[0])

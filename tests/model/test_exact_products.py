@@ -17,7 +17,22 @@ import torch.nn.functional as F
 
 from octlm.config.shape import preset
 from octlm.model.exact import ExactCache, forward_exact
-from octlm.model.exact_products import CHUNK, ROWS, chunks, pack, product, rows_invariant
+from octlm.model.exact_products import (
+    CHUNK,
+    ROWS,
+    chunks,
+    mkl_parts,
+    nn_cut,
+    onednn_parts,
+    pack,
+    panel_cut,
+    panel_parts,
+    product,
+    rows_invariant,
+    run_chunks,
+    tile_cut,
+    transposed_parts,
+)
 from octlm.model.gpt import GPT
 
 SHAPES = [(1152, 384), (384, 384), (4096, 384), (384, 1024), (32768, 384), (576, 192), (100, 37)]
@@ -140,3 +155,38 @@ with torch.no_grad():
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True", "True"], proc.stdout
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_few_row_way_its_check_admits_gives_fresh_rows_kernel_2s_bits(threads) -> None:
+    """`few_rows`' ways (MKL's tiles, its product over the transposed weight, panels) run only
+    where a check on one random draw found the oneDNN chunks' bits: on fresh rows and a fresh
+    weight of each shape they must give those bits too, at 1 and 2 threads. The control: a
+    weight whose outputs are not whole panels has no panels."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        generator = torch.Generator().manual_seed(5)
+        admitted = 0
+        for out, inp in [(1152, 384), (384, 1024), (32768, 384), (576, 192)]:
+            weight = torch.randn(out, inp, generator=generator)
+            want_parts = onednn_parts(weight)
+            for rows in (2, 3, 8, 16):
+                x = torch.randn(rows, inp, generator=generator)
+                want = run_chunks(x, want_parts, "onednn")
+                cuts = {
+                    "tiles": tile_cut(out, inp) if rows == ROWS else "none",
+                    "nn": nn_cut(out, inp, rows, threads),
+                    "panels": panel_cut(out, inp, rows, threads),
+                }
+                makers = {"tiles": mkl_parts, "nn": transposed_parts, "panels": panel_parts}
+                for way, cut in cuts.items():
+                    if cut != "none":
+                        got = run_chunks(x, makers[way](weight, cut == "whole"), way)
+                        assert torch.equal(got, want), (way, cut, out, inp, rows, threads)
+                        admitted += 1
+        assert admitted, "no way was admitted: the test checked nothing"
+        assert panel_cut(100, 37, ROWS, threads) == "none"
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,84 @@
+"""Packed weights kept with a model across exact calls (octlm/model/exact_kept.py): the same bits
+as packing afresh, made once while the weights stay, made again when they change in place or
+are replaced, and only for float32 on CPU outside autocast."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from octlm.config.shape import preset
+from octlm.model.exact import ExactCache, forward_exact
+from octlm.model.exact_kept import KEPT, forget_packed, keep_packed, kept_packs
+from octlm.model.gpt import GPT
+
+
+def decode(model: GPT, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """Logits of a prefill of ids (B, T) and `steps` greedy decode steps, stacked."""
+    B, T = ids.shape
+    cache = ExactCache(model, B)
+    lengths = torch.full((B,), T)
+    out = [forward_exact(model, ids, cache, at=lengths - 1)[:, -1]]
+    for s in range(steps):
+        token = out[-1].argmax(-1, keepdim=True)
+        out.append(forward_exact(model, token, cache, lengths + s)[:, -1])
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def test_a_kept_model_gives_fresh_bits_packs_once_and_again_after_a_change() -> None:
+    torch.manual_seed(0)
+    model = GPT(preset("tiny")).eval()
+    fresh = copy.deepcopy(model)  # never kept: every call packs afresh
+    ids = torch.randint(0, model.config.vocab_size, (3, 20))
+    keep_packed(model)
+    try:
+        for batch in (ids[:1], ids):
+            assert torch.equal(decode(model, batch, 5), decode(fresh, batch, 5))
+            assert torch.equal(forward_exact(model, batch), forward_exact(fresh, batch))
+        packs = kept_packs(model, ExactCache(model, 1).kernel)
+        assert packs, "nothing was kept"
+        held = dict(packs)
+        forward_exact(model, ids)
+        decode(model, ids[:1], 3)
+        assert all(packs[key] is value for key, value in held.items())  # none made again
+
+        before = forward_exact(model, ids)
+        for m in (model, fresh):  # an optimizer's step: in place
+            for p in m.parameters():
+                p.mul_(0.9).add_(0.01)
+        after = forward_exact(model, ids)
+        assert not torch.equal(after, before)  # the control: the change shows
+        assert torch.equal(after, forward_exact(fresh, ids))
+        assert torch.equal(decode(model, ids, 4), decode(fresh, ids, 4))
+
+        new = torch.randn_like(model.tok_embeddings.weight)  # a weight replaced
+        model.tok_embeddings.weight = torch.nn.Parameter(new.clone())
+        fresh.tok_embeddings.weight = torch.nn.Parameter(new.clone())
+        assert torch.equal(forward_exact(model, ids), forward_exact(fresh, ids))
+    finally:
+        forget_packed(model)
+    assert model not in KEPT and kept_packs(model, 3) is None
+
+
+def test_only_float32_on_cpu_outside_autocast_is_kept_and_training_still_gets_gradients() -> None:
+    torch.manual_seed(1)
+    model = GPT(preset("tiny"))
+    fresh = copy.deepcopy(model)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    keep_packed(model)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert kept_packs(model, 3) is None
+            assert torch.equal(forward_exact(model, ids), forward_exact(fresh, ids))
+        with torch.no_grad():
+            forward_exact(model, ids)  # packs kept without autograd ...
+        losses = [forward_exact(m, ids).logsumexp(-1).mean() for m in (model, fresh)]
+        assert torch.equal(losses[0], losses[1])  # ... serve the forward with autograd
+        for loss in losses:
+            loss.backward()
+        for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+            assert a.grad is not None and torch.equal(a.grad, b.grad)
+    finally:
+        forget_packed(model)
