@@ -1,15 +1,15 @@
 """The exact path's packed weights kept with a model across calls, for a model that serves:
 `octlm generate`, chat, `octlm serve`, evaluation (`load_model` keeps every model it loads).
 
-Each call of the exact path (`forward_exact`) otherwise packs the weights afresh: oneDNN's
-chunks for many rows, transposed copies and panels for a decode's few (`octlm/model/
-exact_products.py`). On `small` that is about as much as the weights (88 MB) copied, 60-160 ms
-a call (docs/performance.md, "Packed weights kept"): more than the whole decode of a short
-reply, every chat turn and every evaluation micro-batch. A kept model's packings live as long as
-the model does, at the cost of holding them (up to about three copies of its float32 weights),
-and each is made again once its weights change (`stamp`: an optimizer's step, a loaded state
-dict), so a kept model may also train (RL). The bits are the same either way: a packing is a
-function of the weights alone, and which call serves a row count is decided per call.
+Each call of the exact path (`forward_exact`) otherwise packs the weights afresh: oneDNN's chunks
+for many rows, transposed copies and panels for a decode's few (`octlm/model/exact_products.py`). On
+`small` that is about as much as the weights (88 MB) copied, over 100 ms a `generate` call
+(docs/performance.md, "A head in panels, and packed weights kept"): paid by every chat turn and
+every evaluation micro-batch. A kept model's packings live as long as the model does, at the cost of
+holding them (up to about three copies of its float32 weights), and each is made again once its
+weights change (`stamp`: an optimizer's step, a loaded state dict), so a kept model may also train
+(RL). The bits are the same either way: a packing is a function of the weights alone, and which call
+serves a row count is decided per call.
 
 Only float32 on CPU outside autocast is kept (where the packed products run); elsewhere the
 products' joined copies are a call's or a decode's own, as before.

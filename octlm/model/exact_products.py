@@ -30,7 +30,7 @@ resumed run keeps drawing its own bits):
   outputs, read once like the matrix-vector kernel's rows; `panel_cut`). On `small`
   (docs/performance.md, "Exact products") a step's products cost at 8 rows about half and at
   64 rows about a fifth of kernel 1's tiles; "Kernel 3 and MKL's few-row products" and "A head
-  in panels" have what the MKL calls save a decode step.
+  in panels, and packed weights kept" have what the MKL calls save a decode step.
   (Where MKL's tiles cut every weight as the chunks do, kernels 1 and 2 give the same
   bits: on this machine every weight of `tiny`, whose widest has 512 inputs.)
 
@@ -292,16 +292,16 @@ class Held:
 def few_rows(held: Held, rows: int) -> tuple[int, Any]:
     """Kernel 2's cheapest call of its very bits for `rows` (at most `FEW_ROWS`): the served
     code and parts `run_packed` takes. oneDNN's call costs 30-40 us more than MKL's on a small
-    weight, which a few rows never win back. Measured at 1 thread over a decode step's products
-    in order (docs/performance.md, "Kernel 3 and MKL's few-row products" and "A head in
-    panels"): MKL's product over the transposed chunks costs about two thirds of oneDNN's at 2
-    to 16 rows on `tiny` and at 2 rows on `small`; at 2 rows, for a weight of `MIN_WEIGHT`
-    elements or more (`small`'s w1|w3, `tiny`'s head), MKL's tiles over a weight packed once
-    cost less again (the plain product repacks the weight every call), and a head of
-    `PANEL_WEIGHT` elements or more (`small`'s) streams best as panels, about 20% cheaper than
-    the tiles; from 4 rows on, a weight of `MIN_WEIGHT` elements or more streams better through
-    oneDNN's packing, whose cost per row is lower. Each way runs only
-    where its check (`tile_cut`, `nn_cut`, `panel_cut`) found kernel 2's bits on this machine."""
+    weight, which a few rows never win back. Measured at 1 thread over a decode step's products in
+    order (docs/performance.md, "Kernel 3 and MKL's few-row products" and "A head in panels, and
+    packed weights kept"): MKL's product over the transposed chunks costs about two thirds of
+    oneDNN's at 2 to 16 rows on `tiny` and at 2 rows on `small`; at 2 rows, for a weight of
+    `MIN_WEIGHT` elements or more (`small`'s w1|w3, `tiny`'s head), MKL's tiles over a weight
+    packed once cost less again (the plain product repacks the weight every call), and a head of
+    `PANEL_WEIGHT` elements or more (`small`'s) streams best as panels, about 20% cheaper than the
+    tiles; from 4 rows on, a weight of `MIN_WEIGHT` elements or more streams better through
+    oneDNN's packing, whose cost per row is lower. Each way runs only where its check (`tile_cut`,
+    `nn_cut`, `panel_cut`) found kernel 2's bits on this machine."""
     size = held.joined.numel()
     if rows == ROWS and size >= PANEL_WEIGHT:
         order = ("panels", "tiles", "nn")
