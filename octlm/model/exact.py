@@ -82,6 +82,9 @@ class ExactCache:
         """Positions filled, kept by a caller whose rows all hold the same count (a chat)."""
         self.packs: dict[Any, Any] = {}
         """The weights packed for this decode (`product`): the model must not change during it."""
+        self.checked = False
+        """Whether a kept model's packings were checked against its weights for this decode
+        (on its first call: `kept_packs`)."""
         self.tiled: dict[int, tuple[Tensor, int, Tensor, Tensor]] = {}
         """Per layer: the keys tensor, a key tile count and `key_tiles` of it (a decode step
         reuses its views of the cache until the tensors or the count change)."""
@@ -133,9 +136,11 @@ def forward_exact(
     if cache is None and bool(start.any()):
         raise ValueError("without a cache every row starts at position 0")
     kernel = kernel if cache is None else cache.kernel
-    packs = kept_packs(model, kernel)
+    packs = kept_packs(model, kernel, check=cache is None or not cache.checked)
     if packs is None:
         packs = {} if cache is None else cache.packs
+    if cache is not None:
+        cache.checked = True
     layout = layout_of(model, positions, last, kernel)
     n, padded = B * T, padded_rows(B * T)
     h = F.pad(model.tok_embeddings(ids).reshape(n, -1), (0, 0, 0, padded - n))  # (M, C)

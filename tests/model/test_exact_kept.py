@@ -37,7 +37,7 @@ def test_a_kept_model_gives_fresh_bits_packs_once_and_again_after_a_change() -> 
         for batch in (ids[:1], ids):
             assert torch.equal(decode(model, batch, 5), decode(fresh, batch, 5))
             assert torch.equal(forward_exact(model, batch), forward_exact(fresh, batch))
-        packs = kept_packs(model, ExactCache(model, 1).kernel)
+        packs = kept_packs(model, ExactCache(model, 1).kernel, check=False)
         assert packs, "nothing was kept"
         held = dict(packs)
         forward_exact(model, ids)
@@ -59,7 +59,7 @@ def test_a_kept_model_gives_fresh_bits_packs_once_and_again_after_a_change() -> 
         assert torch.equal(forward_exact(model, ids), forward_exact(fresh, ids))
     finally:
         forget_packed(model)
-    assert model not in KEPT and kept_packs(model, 3) is None
+    assert model not in KEPT and kept_packs(model, 3, check=False) is None
 
 
 def test_only_float32_on_cpu_outside_autocast_is_kept_and_training_still_gets_gradients() -> None:
@@ -70,7 +70,7 @@ def test_only_float32_on_cpu_outside_autocast_is_kept_and_training_still_gets_gr
     keep_packed(model)
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert kept_packs(model, 3) is None
+            assert kept_packs(model, 3, check=False) is None
             assert torch.equal(forward_exact(model, ids), forward_exact(fresh, ids))
         with torch.no_grad():
             forward_exact(model, ids)  # packs kept without autograd ...
@@ -80,5 +80,37 @@ def test_only_float32_on_cpu_outside_autocast_is_kept_and_training_still_gets_gr
             loss.backward()
         for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
             assert a.grad is not None and torch.equal(a.grad, b.grad)
+    finally:
+        forget_packed(model)
+
+
+def test_a_fused_optimizers_step_which_pytorch_does_not_count_still_repacks() -> None:
+    """PyTorch's fused AdamW on CPU writes the weights without counting the write (their
+    `_version` stays), so the stamp alone would serve the old packings: the probe catches it
+    when the next forward or decode starts."""
+    torch.manual_seed(2)
+    model = GPT(preset("tiny"))
+    fresh = copy.deepcopy(model)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    keep_packed(model)
+    try:
+        counted = []
+        for m in (model, fresh):
+            optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
+            with torch.no_grad():
+                before = forward_exact(m, ids)  # packs kept for `model`
+            m(ids).logsumexp(-1).mean().backward()
+            versions = [p._version for p in m.parameters()]
+            optimizer.step()
+            counted.append(versions != [p._version for p in m.parameters()])
+        # The premise (PyTorch 2.13 on CPU): the step was not counted. Where a later release
+        # counts it, the stamp alone repacks and the rest still holds.
+        if torch.__version__.startswith("2.13"):
+            assert counted == [False, False]
+        with torch.no_grad():
+            after = forward_exact(model, ids)
+            assert not torch.equal(after, before)
+            assert torch.equal(after, forward_exact(fresh, ids))
+            assert torch.equal(decode(model, ids, 3), decode(fresh, ids, 3))
     finally:
         forget_packed(model)
