@@ -62,12 +62,17 @@ def test_a_kept_model_gives_fresh_bits_packs_once_and_again_after_a_change() -> 
     assert model not in KEPT and kept_packs(model, 3, check=False) is None
 
 
-def test_only_float32_on_cpu_outside_autocast_is_kept_and_training_still_gets_gradients() -> None:
-    torch.manual_seed(1)
+def kept_and_fresh(seed: int) -> tuple[GPT, GPT, torch.Tensor]:
+    """A kept `tiny` model (`forget_packed` it after), a never-kept copy and 2 x 12 ids."""
+    torch.manual_seed(seed)
     model = GPT(preset("tiny"))
     fresh = copy.deepcopy(model)
-    ids = torch.randint(0, model.config.vocab_size, (2, 12))
     keep_packed(model)
+    return model, fresh, torch.randint(0, model.config.vocab_size, (2, 12))
+
+
+def test_only_float32_on_cpu_outside_autocast_is_kept_and_training_still_gets_gradients() -> None:
+    model, fresh, ids = kept_and_fresh(1)
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert kept_packs(model, 3, check=False) is None
@@ -88,11 +93,7 @@ def test_a_fused_optimizers_step_which_pytorch_does_not_count_still_repacks() ->
     """PyTorch's fused AdamW on CPU writes the weights without counting the write (their
     `_version` stays), so the stamp alone would serve the old packings: the probe catches it
     when the next forward or decode starts."""
-    torch.manual_seed(2)
-    model = GPT(preset("tiny"))
-    fresh = copy.deepcopy(model)
-    ids = torch.randint(0, model.config.vocab_size, (2, 12))
-    keep_packed(model)
+    model, fresh, ids = kept_and_fresh(2)
     try:
         counted = []
         for m in (model, fresh):
