@@ -233,3 +233,19 @@ def test_the_exact_steps_bench_runs_against_an_earlier_commit(capsys) -> None:
     table = [row for row in rows if row and row[0] == "tiny"]
     assert [row[1] for row in table] == ["1", "16"] and all(len(row) == 8 for row in table)
     assert all(float(x) > 0 for row in table for x in row[2:])
+
+
+def test_the_invariant_decode_bench_runs_kept_and_fresh(capsys) -> None:
+    """bench/invariant_decode.py on `tiny`, one round of 3 new tokens at batches 1 and 2: kept
+    packings (the default, as `load_model` keeps them) and `--fresh`, each a row per batch with
+    its tokens/s and ratio, and its header saying which."""
+    from bench.invariant_decode import main
+
+    for extra in ([], ["--fresh"]):
+        main(["--presets", "tiny", "--batches", "1", "2", "--new", "3", "--rounds", "1", *extra])
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith("threads")]
+    assert ["packings kept" in headers[0], "afresh" in headers[1]] == [True, True]
+    table = [line.split() for line in out.splitlines() if line.startswith("tiny")]
+    assert [row[1] for row in table] == ["1", "2", "1", "2"]
+    assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in table)
