@@ -211,11 +211,7 @@ thread on `small`'s head: 16 and 32 cost about the same, 64 a third more)."""
 
 def panel_parts(weight: Tensor, whole: bool = False) -> list[tuple[int, int, Tensor]]:
     """(lo, hi, the chunk as panels: (outputs / `PANEL`, inputs, `PANEL`), contiguous) per chunk
-    of kernel 2, or for the whole weight. A weight whose outputs are not whole panels has none
-    (`panel_cut` says "none")."""
-    out = weight.shape[0]
-    if out % PANEL:
-        raise ValueError(f"{out} outputs are not whole panels of {PANEL}")
+    of kernel 2, or for the whole weight; its outputs whole panels (`panel_cut` checks)."""
     cuts = [(0, weight.shape[1])] if whole else chunks(weight.shape[1])
     return [(lo, hi, as_panels(weight.detach()[:, lo:hi])) for lo, hi in cuts]
 
@@ -257,12 +253,15 @@ def nn_cut(out: int, inp: int, rows: int, threads: int) -> str:
     return agreeing_cut(out, inp, rows, "nn")
 
 
+WAYS = ("onednn", "tiles", "nn", "panels")  # `run_chunks`' ways, served as codes 2, 3, ...
+
+
 def run_packed(served: int, x: Tensor, weight: Tensor, packed: Any) -> Tensor:
     """x @ weight.T by the kernel `pack` chose: kernel 2's chunks by oneDNN (2), MKL's tiles of
     the same bits (3), MKL's product of the same bits over transposed chunks (4) or over panels
     (5); kernel 1's MKL tiles (1); plain tiles (0)."""
     if served >= 2:
-        return run_chunks(x, packed, ("onednn", "tiles", "nn", "panels")[served - 2])
+        return run_chunks(x, packed, WAYS[served - 2])
     tiles = (x,) if x.shape[0] == ROWS else x.split(ROWS)  # a decode step of 1 row: one tile
     if served == 1:
         parts = [torch.ops.mkl._mkl_linear(t, packed, weight, None, ROWS) for t in tiles]
@@ -315,7 +314,7 @@ def few_rows(held: Held, rows: int) -> tuple[int, Any]:
     for way in order:
         found = tiles_of(held) if way == "tiles" else cut_parts(held, rows, way)
         if found is not None:
-            return {"tiles": 3, "nn": 4, "panels": 5}[way], found
+            return 2 + WAYS.index(way), found
     return held.served, onednn_of(held)
 
 
@@ -369,13 +368,14 @@ class PackedProduct(torch.autograd.Function):
 def product(
     x: Tensor, weights: tuple[Tensor, ...], packs: dict[Any, Any], kernel: int = EXACT_KERNEL
 ) -> Tensor:
-    """x @ cat(weights).T for x (M, K), M a multiple of ROWS, by exact kernel `kernel`.
-    Weights sharing an input (wq, wk, wv; w1, w3) are one product (fewer calls). The joined
-    weight and its packed copy are kept in `packs` (a kept model's, `octlm/model/exact_kept.py`;
-    an `ExactCache`'s, for its decode; else one forward's) while the weights keep their
-    `stamp`, and are made again once a weight changed in place (an optimizer's step) or was
-    replaced. One `packs` serves one kernel in one autocast state. With autograd the weights
-    are joined afresh (the same values), so the gradient reaches each."""
+    """x @ cat(weights).T for x (M, K), M a multiple of ROWS, by exact kernel `kernel`. Weights
+    sharing an input (wq, wk, wv; w1, w3) are one product (fewer calls). The joined weight and its
+    packed copy are kept in `packs` (a kept model's, `octlm/model/exact_kept.py`; an
+    `ExactCache`'s, for its decode; else one forward's) while the weights keep their `stamp`, and
+    are made again once a weight was replaced or changed in a counted write (a kept model's
+    `Kept.probe` drops them all after an uncounted one, a fused optimizer's step). One `packs`
+    serves one kernel in one autocast state. With autograd the weights are joined afresh (the same
+    values), so the gradient reaches each."""
     held = packs.get(id(weights[0]))
     now = stamp(weights) if isinstance(packs, Stamped) else ()
     if held is None or held.stamp != now:  # the kernel is decided here, once
