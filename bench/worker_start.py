@@ -1,11 +1,13 @@
-"""CPU and wall time of `octlm train --nproc N` starting its workers: forked from the launcher's
-forkserver (the default, octlm/trainer/forkstart.py) against a fresh `python -u -m octlm` per
-worker (OCTLM_WORKER_START=exec, as torchrun starts them).
+"""CPU and wall time of `octlm train --nproc N` starting its workers three ways: forked from a
+forkserver that is itself a fork of the launcher (the default, octlm/trainer/forkserver_here.py),
+forked from a forkserver that is a fresh interpreter (OCTLM_WORKER_START=fresh-forkserver,
+octlm/trainer/forkstart.py), and a fresh `python -u -m octlm` per worker (exec, as torchrun
+starts them). The launcher runs with OMP_NUM_THREADS=1 set, as a launcher must for the first.
 
     .venv/bin/python -m bench.worker_start [--repeats 5] [--nproc 2] [--data runs/demo/data]
 
 Each repeat runs the same one-step run (the tiny model, no validation, no checkpoint, into a
-fresh folder) once per mode, the modes interleaved and their order alternating per repeat.
+fresh folder) once per mode, the modes interleaved and their order rotated per repeat.
 Timed from just before the launcher starts: the wall time to the log's first `step` record
 (polled every 5 ms) and to the launcher's exit. CPU (user + system) of the launcher and of every
 process under it, read from /proc every 10 ms and taken at each process's last reading (a
@@ -33,7 +35,7 @@ if not __package__:  # run as `python bench/worker_start.py`: make `bench` impor
 
 from bench import DATA
 
-MODES = ("exec", "forkserver")
+MODES = ("exec", "fresh-forkserver", "forkserver")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -75,7 +77,7 @@ def sample(root: int, seen: dict[tuple[int, int], tuple[str, float]]) -> None:
 
 def run_once(mode: str, cmd: list[str], folder: Path) -> dict[str, float]:
     """One launch in `mode`: wall seconds to the first step and to the end, CPU seconds by kind."""
-    env = {**os.environ, "OCTLM_WORKER_START": mode}
+    env = {**os.environ, "OCTLM_WORKER_START": mode, "OMP_NUM_THREADS": "1"}
     log, seen, first = folder / "log.jsonl", {}, float("nan")
     start = time.perf_counter()
     proc = subprocess.Popen([*cmd, "--out", str(folder)], env=env, stderr=subprocess.DEVNULL)
@@ -124,21 +126,23 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-worker-start-") as work:
         for r in range(args.repeats):
-            for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            for mode in MODES[r % 3 :] + MODES[: r % 3]:
                 res = run_once(mode, cmd, Path(work) / f"{mode}-{r}")
                 results[mode].append(res)
                 shown = "  ".join(f"{k} {v:.2f}" for k, v in res.items())
                 print(f"repeat {r} {mode:>10}: {shown}", flush=True)
     med = {m: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for m, rs in results.items()}
-    print(f"\nmedians of {args.repeats} ({args.nproc} workers)     exec  forkserver  ratio")
+    print(f"\nmedians of {args.repeats} ({args.nproc} workers)     exec  fresh-fs  forkserver")
     for key in med["exec"]:
-        old, new = med["exec"][key], med["forkserver"][key]
-        print(f"{key:>28} {old:8.2f} {new:11.2f} {new / old if old else float('nan'):6.2f}")
+        row = "".join(f"{med[m][key]:10.2f}" for m in MODES)
+        print(f"{key:>28}{row}")
     saved = (med["exec"]["total_cpu_s"] - med["forkserver"]["total_cpu_s"]) / args.nproc
     per_worker = med["exec"]["worker_cpu_s"] / args.nproc
     forked = med["forkserver"]["worker_cpu_s"] / args.nproc
     print(f"\nCPU per worker: {per_worker:.2f} s fresh, {forked:.2f} s forked; the whole launch")
     print(f"saves {saved:.2f} s per worker started, the forkserver's imports paid once")
+    forked_here = med["fresh-forkserver"]["total_cpu_s"] - med["forkserver"]["total_cpu_s"]
+    print(f"the forkserver forked from the launcher saves {forked_here:.2f} s of CPU a launch")
 
 
 if __name__ == "__main__":

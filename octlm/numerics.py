@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 PINNED: dict[str, str] = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
@@ -28,16 +29,22 @@ choice; it changes the bits, and even AUTO,STRICT does not make 1 and 2 threads 
 
 MARK = "OCTLM_PINNED"
 """The variables octlm set in this process, for the processes it starts."""
+READ_AT_START = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_")
+READ_AT_START += ("TORCH_", "PYTORCH_", "CUDA", "NCCL_", "PYTHON", "LD_", "MALLOC", "GLIBC")
+"""Prefixes of the variables that libraries (and Python itself) may read only while a process
+starts or imports them: a process that changed one since then is not what a fresh process
+with its environment would be (octlm/trainer/forkserver_here.py)."""
 
 _user_set: frozenset[str] = frozenset()
 _late = False
 _values: dict[str, str | None] = {}
+_at_start: dict[str, str] = {}
 
 
 def pin() -> None:
     """Set the pinned variables the user left unset; remember which were the user's and
     whether torch had started already (then the values in effect are torch's, not these)."""
-    global _user_set, _late, _values
+    global _user_set, _late, _values, _at_start
     _late = "torch" in sys.modules
     # A launcher's workers inherit what octlm pinned in the launcher: that is not the user's.
     inherited = set(os.environ.get(MARK, "").split(","))
@@ -47,6 +54,19 @@ def pin() -> None:
         os.environ.setdefault(key, value)
     os.environ[MARK] = ",".join(sorted(ours - {""}))
     _values = {key: os.environ.get(key) for key in RECORDED}  # what the libraries will read
+    _at_start = read_at_start(os.environ)
+
+
+def read_at_start(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` named by `READ_AT_START`."""
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_START)}
+
+
+def changed_since_start() -> list[str]:
+    """The `READ_AT_START` variables whose value differs from when octlm was imported (a
+    variable set or removed since counts), sorted."""
+    now = read_at_start(os.environ)
+    return sorted(k for k in now.keys() | _at_start.keys() if now.get(k) != _at_start.get(k))
 
 
 def record() -> dict[str, Any]:

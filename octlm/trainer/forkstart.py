@@ -36,10 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from octlm.errors import OctlmError
+from octlm.trainer.forkserver_here import fork_forkserver
 
 START_ENV = "OCTLM_WORKER_START"
-"""`forkserver` (the default) or `exec` (a fresh `python -u -m octlm` per worker)."""
-START_METHODS = ("forkserver", "exec")
+"""`forkserver` (the default: forked from this launcher where it can be, octlm/trainer/
+forkserver_here.py), `fresh-forkserver` (always a fresh interpreter) or `exec` (a fresh
+`python -u -m octlm` per worker)."""
+START_METHODS = ("forkserver", "fresh-forkserver", "exec")
 PRELOAD = ["octlm", "torch", "torch._dynamo", "octlm.cli.main", "octlm.trainer.loop"]
 """In this order: `octlm` pins the thread settings before torch loads (octlm/numerics.py), as
 in a fresh worker; torch._dynamo is imported by the first optimizer a run builds."""
@@ -63,11 +66,14 @@ def start_method() -> str:
     return "exec" if _forked else method
 
 
-def run_forked(torchrun_args: list[str], argv: list[str], entry: Callable[[], Any]) -> None:
+def run_forked(
+    torchrun_args: list[str], argv: list[str], entry: Callable[[], Any], here: bool = True
+) -> None:
     """What `torch.distributed.run.run` does with `torchrun_args`, with the workers forked
     from the forkserver and running `worker(entry, *argv)`; raises as it does. `entry` is the
     CLI's `main`, handed down by the CLI (the trainer does not import the floor above it); it
-    reaches the worker pickled by name."""
+    reaches the worker pickled by name. `here`: the forkserver is a fork of this process where
+    that is what a fresh one would be (octlm/trainer/forkserver_here.py)."""
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
@@ -83,6 +89,11 @@ def run_forked(torchrun_args: list[str], argv: list[str], entry: Callable[[], An
     if args.master_port is None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
+    if here:
+        # The agent sets this for its own signal handling before it starts any worker; a
+        # fresh forkserver started then would carry it, so the fork made now carries it too.
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+        fork_forkserver(PRELOAD)  # where it cannot, the agent starts a fresh one
     elastic_launch(config=config, entrypoint=worker)(entry, *argv)
 
 

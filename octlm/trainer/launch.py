@@ -17,7 +17,8 @@ the same command again as N worker processes per node under torch's elastic agen
   scheduler to requeue it (scripts/slurm/train.sbatch). Workers under this launcher exit 0
   when stopped (`LAUNCHED_ENV`): a non-zero worker would make the agent restart the group.
 - Workers are forked from a forkserver that has imported torch and octlm once
-  (octlm/trainer/forkstart.py); OCTLM_WORKER_START=exec starts each as a fresh
+  (octlm/trainer/forkstart.py), itself a fork of this launcher where that is what a fresh one
+  would be (octlm/trainer/forkserver_here.py); OCTLM_WORKER_START=exec starts each as a fresh
   `python -u -m octlm`, as torchrun does. Same bits either way (tests/e2e/test_distributed.py).
 - A worker's own error is its one line; a worker killed by a signal, or a failed rendezvous,
   gets one line here. Never the agent's traceback.
@@ -196,8 +197,9 @@ def _run_agent(
     # this launcher say in one line; its restart notices (another logger) stay.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
-        if start[0] == "forkserver":
-            run_forked(spec.torchrun_args(), worker_argv(argv), start[1])
+        if start[0] != "exec":
+            here = start[0] == "forkserver"
+            run_forked(spec.torchrun_args(), worker_argv(argv), start[1], here)
         else:
             run(parse_args([*spec.torchrun_args(), "-m", "octlm", *worker_argv(argv)]))
     except ChildFailedError as exc:

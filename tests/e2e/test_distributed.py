@@ -73,12 +73,17 @@ def test_ddp_split_equals_straight(tiny_dataset, ddp, ddp_stopped, tmp_path) -> 
     assert steps_of(out) == steps_of(ddp)
 
 
-def test_forked_workers_end_on_the_bits_of_fresh_ones(tiny_dataset, ddp, tmp_path, monkeypatch):
-    """`ddp`'s workers were forked from the launcher's forkserver (octlm/trainer/forkstart.py);
-    the same command with OCTLM_WORKER_START=exec starts each as a fresh `python -u -m octlm`:
-    the same weights, step records and log header (its time aside), the same last line."""
-    out = tmp_path / "exec"
-    monkeypatch.setenv("OCTLM_WORKER_START", "exec")
+@pytest.mark.parametrize("start", ["exec", "fresh-forkserver"])
+def test_forked_workers_end_on_the_bits_of_fresh_ones(
+    tiny_dataset, ddp, tmp_path, monkeypatch, start
+) -> None:
+    """`ddp`'s workers were forked from the launcher's forkserver, itself a fork of the
+    launcher (octlm/trainer/forkstart.py, forkserver_here.py); the same command with
+    OCTLM_WORKER_START=exec starts each as a fresh `python -u -m octlm`, and with
+    `fresh-forkserver` forks them from a forkserver that is a fresh interpreter: the same
+    weights, step records and log header (its time aside), the same last line."""
+    out = tmp_path / start
+    monkeypatch.setenv("OCTLM_WORKER_START", start)
     proc = octlm(*args(tiny_dataset, out, "--accum", "1", "--nproc", "2"))
     assert end_hash(out) == end_hash(ddp)
     assert steps_of(out) == steps_of(ddp)

@@ -83,12 +83,14 @@ def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float =
     raise AssertionError(f"no step {step} within {timeout} s")
 
 
-def kill_twice(proc: subprocess.Popen, out: Path, rng: random.Random) -> None:
+def kill_twice(proc: subprocess.Popen, out: Path, rng: random.Random, octlm_launcher: bool) -> None:
     """SIGKILL a random worker of the group twice, each time somewhere in a step or a checkpoint
     write: after step 2 once a checkpoint is listed (else the restart starts fresh, which is
     not the case under test), then after the first step record the restarted group writes (the
     log is cut back on resume: an older record would not do). Start the run with SLOW_SAVES,
-    so that steps are left for the second kill."""
+    so that steps are left for the second kill. `octlm_launcher`: `proc` is `octlm train
+    --nproc`, whose workers are checked to come from a fork of it (octlm/trainer/
+    forkserver_here.py: the suite's launchers are in the state it forks from)."""
     listed = out / "checkpoints" / "latest.json"
     for kills, step in enumerate((2, 1)):
         deadline = time.monotonic() + 120
@@ -99,12 +101,24 @@ def kill_twice(proc: subprocess.Popen, out: Path, rng: random.Random) -> None:
         time.sleep(rng.uniform(0, 0.3))
         workers = worker_pids(proc.pid)
         assert len(workers) == 2 and proc.poll() is None
+        if octlm_launcher:  # forked from a forkserver that is itself a fork of the launcher
+            assert {cmdline(parent_of(w)) for w in workers} == {cmdline(proc.pid)}
         os.kill(rng.choice(workers), signal.SIGKILL)
 
 
-def survives_two_kills(proc: subprocess.Popen, out: Path, rng: random.Random, ref: Path) -> None:
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def survives_two_kills(
+    proc: subprocess.Popen, out: Path, rng: random.Random, ref: Path, octlm_launcher: bool
+) -> None:
     """`kill_twice`, then the run must finish, having resumed, on `ref`'s bits, every step once."""
-    kill_twice(proc, out, rng)
+    kill_twice(proc, out, rng, octlm_launcher)
     code, err = finish(proc)
     assert code == 0, err
     assert err.count("resumed from") >= 1
@@ -170,7 +184,7 @@ def test_elastic_restarts_after_killed_workers_end_identical(
         reference = straight_run(*DIST_FLAGS, "--accum", "1", "--nproc", "2", "--parallel", "fsdp")
     out = tmp_path / "elastic"
     proc = start(*args(tiny_dataset, out, *mode, "--max-restarts", "3"), **SLOW_SAVES)
-    survives_two_kills(proc, out, random.Random(18), reference)
+    survives_two_kills(proc, out, random.Random(18), reference, octlm_launcher=True)
 
 
 def torchrun(*argv: str, share_store: bool, **extra: str) -> subprocess.Popen:
@@ -208,7 +222,7 @@ def test_plain_torchrun_restarts_after_killed_workers_end_identical(
     out = tmp_path / "plain"
     argv = args(tiny_dataset, out, "--ckpt-every", "1")
     proc = torchrun("--max-restarts", "3", "-m", "octlm", *argv, share_store=False, **SLOW_SAVES)
-    survives_two_kills(proc, out, random.Random(26), one_node)
+    survives_two_kills(proc, out, random.Random(26), one_node, octlm_launcher=False)
 
 
 def test_a_group_that_never_forms_ends_in_one_line_within_the_dist_timeout(tiny_dataset, tmp_path):
