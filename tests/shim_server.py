@@ -18,7 +18,6 @@ server's, or any client when OCTLM_TEST_FRESH=1, or one that finds no server, ru
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import selectors
@@ -123,8 +122,7 @@ def serve(address: str) -> None:
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(address)
     listener.listen(64)  # a client that comes during the imports waits for them
-    for name in octlm_process.PRELOAD:
-        importlib.import_module(name)
+    octlm_process.load()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended handlers
     with selectors.DefaultSelector() as ready:
         ready.register(listener, selectors.EVENT_READ)
