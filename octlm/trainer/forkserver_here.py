@@ -37,6 +37,7 @@ import multiprocessing.util
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -60,13 +61,25 @@ def why_not_here() -> str | None:
         return "a CUDA or ROCm build of torch"
     if record()["torch_loaded_first"]:
         return "torch was imported before octlm"
-    threads = len(os.listdir("/proc/self/task"))
+    threads = running_threads()
     if threads != 1:
         return f"{threads} threads run in this process"
     changed = [k for k in changed_since_start() if k not in AGENT_ONLY]
     if changed:
         return f"{', '.join(changed)} changed since the imports"
     return None
+
+
+def running_threads(settle_s: float = 0.05) -> int:
+    """The threads of this process, read from Linux's /proc; a thread that has just ended (its
+    join returned) can stay listed for a moment, so a count above 1 is read again for up to
+    `settle_s` seconds."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        threads = len(os.listdir("/proc/self/task"))
+        if threads == 1 or time.monotonic() >= deadline:
+            return threads
+        time.sleep(0.002)
 
 
 def fork_forkserver(preload: Sequence[str]) -> str | None:
