@@ -113,7 +113,10 @@ def _forking(spawn: Callable[..., int]) -> Callable[..., int]:
         for stream in (sys.stdout, sys.stderr):  # or the child's exit would write them again
             with contextlib.suppress(Exception):
                 stream.flush()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # no memory or process left for a fork: the fresh interpreter, then
+            return spawn(path, args, passfds)
         if pid == 0:
             _become(args[-1], passfds)
         return pid

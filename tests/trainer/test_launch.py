@@ -204,8 +204,9 @@ def test_a_bad_worker_start_is_one_line(monkeypatch) -> None:
     monkeypatch.setenv(START_ENV, "spawn")
     with pytest.raises(OctlmError, match="OCTLM_WORKER_START='spawn' is not a way"):
         start_method()
-    monkeypatch.setenv(START_ENV, "exec")
-    assert start_method() == "exec"
+    for method in ("exec", "fresh-forkserver"):
+        monkeypatch.setenv(START_ENV, method)
+        assert start_method() == method
 
 
 @pytest.mark.slow
