@@ -25,13 +25,18 @@ def seen(_):
         "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
         "usr1": signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
         "int": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+        "quit_ignored": signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN,
         "parent": os.getppid(),
     }
 
 if __name__ == "__main__":
     case = sys.argv[1]
     held = open(__file__)  # a descriptor the launcher holds: the forkserver must not
+    # A launcher started from a background job inherits SIGINT ignored, and so would a fresh
+    # interpreter: put the terminal's state here, so that each case expects the same.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGUSR1, lambda *a: None)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # ignored: stays ignored, as across exec
     refusals = {}
     thread = threading.Thread(target=time.sleep, args=(0.5,))
     thread.start()
@@ -87,7 +92,7 @@ def test_a_clean_launcher_forks_its_forkserver_which_holds_only_what_a_fresh_one
     assert not seen["holds_file"]  # the launcher's descriptors closed, as a spawn closes them
     # The launcher's Python handler is not the workers': handlers as a fresh interpreter's.
     child = seen["child"]
-    assert child["usr1"] and child["term"] and child["int"]
+    assert child["usr1"] and child["term"] and child["int"] and child["quit_ignored"]
     # The forkserver ends with its launcher (it holds no end of its own "alive" pipe).
     for _ in range(100):
         if gone(seen["server"]):
@@ -101,4 +106,4 @@ def test_otherwise_the_forkserver_starts_fresh_and_says_why(tmp_path) -> None:
     assert seen["why"] == "OMP_NUM_THREADS changed since the imports"
     assert not seen["server_is_fork"]  # control: the fresh interpreter's command line
     child = seen["child"]
-    assert child["usr1"] and child["term"] and child["int"]
+    assert child["usr1"] and child["term"] and child["int"] and child["quit_ignored"]
