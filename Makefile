@@ -81,21 +81,24 @@ browser:
 	    >/dev/null 2>&1 || echo "chromium was not installed: the browser tests will be skipped"; \
 	fi
 
-# Two pytest workers (pytest-xdist): the suite is mostly single-threaded subprocesses, so the
-# 2-core CI machine runs it in about 70% of the serial time; worksteal, because a few long
+# Three pytest workers (pytest-xdist) on the 2-core machine: the suite is mostly single-threaded
+# subprocesses, and with two workers the cores stood idle 6-8% of the run (both workers waiting
+# on a timeout, a server's start, a killed run's restart); three read 3% faster, paired twice
+# (442 s against 457 s, 580 s against 597 s; docs/performance.md). Worksteal, because a few long
 # tests left at the end of a static split kept one worker idle (597 s against 429 s).
 # TEST_WORKERS=0 runs it serially. The 25 slowest tests are listed at the end, CI's log included.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test:
-	@# The venv and the browser side by side: pip installs while apt downloads.
+	@# The venv and the browser side by side: uv installs while apt downloads.
 	@$(MAKE) --no-print-directory -j 2 $(STAMP) browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The fast lane: everything not marked slow (no subprocess, no torchrun, no browser), on the
-# same two workers (58 s serial against 42 s on the 2-core machine, 1,414 tests). Exit code
-# 5 (no tests collected) fails the target like any other non-zero exit.
+# two workers, one a core: it computes in the test processes and waits on nothing (58 s serial
+# against 42 s on the 2-core machine, 1,414 tests). Exit code 5 (no tests collected) fails the
+# target like any other non-zero exit.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -m "not slow" -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

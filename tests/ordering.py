@@ -1,7 +1,7 @@
 """The suite's order: the modules that hold its slowest tests first, dealt out so that each
 pytest-xdist worker starts with its share of them.
 
-`make test` runs `-n 2 --dist worksteal`. Worksteal hands each worker a contiguous, equal-count
+`make test` runs `-n 3 --dist worksteal`. Worksteal hands each worker a contiguous, equal-count
 slice of the collection, and an idle worker then steals from the end of the busiest one's
 queue. A long test that comes late leaves the other worker idle at the end for as long as it
 runs (a 100 s walkthrough collected last is 100 s of one idle core). Here the modules that hold
