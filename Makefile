@@ -23,8 +23,8 @@ UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --constraint constrai
 unexport PYTHONDONTWRITEBYTECODE
 
 # Two stamps: the demo needs torch and the core package (with plot and serve: the README's next
-# steps after the demo), about 25 s on a fresh machine; the suite needs every extra, about 90 s.
-# `make test` after `make demo` only adds the extras.
+# steps after the demo); the suite needs every extra, about 40 s for both on a fresh machine
+# with uv's cache empty. `make test` after `make demo` only adds the extras.
 $(CORE): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# torch first and pinned, by pip: the CPU wheel on this disk (uv does not look there); an

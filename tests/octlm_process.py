@@ -37,9 +37,8 @@ import traceback
 from pathlib import Path
 
 from octlm.numerics import READ_AT_START
+from octlm.trainer.forkstart import PRELOAD  # what a launcher's forkserver imports, in its order
 
-PRELOAD = ["octlm", "torch", "torch._dynamo", "octlm.cli.main", "octlm.trainer.loop"]
-"""octlm first: it pins the thread settings before torch loads, as the command does."""
 IMPORT_TIME = (*READ_AT_START, "TORCH", "OCTLM_PINNED")
 """Prefixes of the variables a process reads while it imports (and never again): octlm's list
 (octlm/numerics.py), and more broadly every TORCH* variable (inductor exports one in the test
