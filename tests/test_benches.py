@@ -236,16 +236,28 @@ def test_the_exact_steps_bench_runs_against_an_earlier_commit(capsys) -> None:
 
 
 def test_the_invariant_decode_bench_runs_kept_and_fresh(capsys) -> None:
-    """bench/invariant_decode.py on `tiny`, one round of 3 new tokens at batches 1 and 2: kept
+    """bench/invariant_decode.py on `tiny`, one round of 16 new tokens at batches 1 and 2: kept
     packings (the default, as `load_model` keeps them) and `--fresh`, each a row per batch with
     its tokens/s and ratio, and its header saying which."""
     from bench.invariant_decode import main
 
     for extra in ([], ["--fresh"]):
-        main(["--presets", "tiny", "--batches", "1", "2", "--new", "3", "--rounds", "1", *extra])
+        main(["--presets", "tiny", "--batches", "1", "2", "--new", "16", "--rounds", "1", *extra])
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line.startswith("threads")]
     assert ["packings kept" in headers[0], "afresh" in headers[1]] == [True, True]
     table = [line.split() for line in out.splitlines() if line.startswith("tiny")]
     assert [row[1] for row in table] == ["1", "2", "1", "2"]
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in table)
+
+
+def test_the_invariant_decode_bench_refuses_a_decode_too_short_to_time(capsys) -> None:
+    """Under 8 new tokens the decode's time is a difference inside the machine's noise (3 gave a
+    negative tokens/s under the suite): refused by the parser, in one line, exit 2."""
+    from bench.invariant_decode import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--presets", "tiny", "--new", "3"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--new: 3 is under 8: ask for more new tokens" in err
