@@ -238,6 +238,9 @@ def test_a_refused_training_resume_names_the_changed_settings_as_given(tiny_data
     from tests.e2e.helpers import octlm
 
     run = ["train", "--model", "tiny", "--data", str(tiny_dataset), "--context", "32"]
+    # A step of 2 sequences, not the default 16 x 32 (78 s for its one step on an AVX2 EPYC
+    # under the suite): only the refusals' lines are checked.
+    run += ["--micro-batch", "2", "--accum", "1"]
     run += ["--steps", "2", "--warmup", "1", "--out", "r", "--no-progress"]
     octlm(*run, "--seed", "5", "--lr", "3e-3", "--stop-at", "1", cwd=tmp_path)
     (tmp_path / "c.toml").write_text("seed = 7\nlr = 0.001\n")

@@ -65,6 +65,11 @@ iterations, momentum and Gram form, the value residual, zero-initialised project
 and RoPE's base when it has them) as flags for the tiny run."""
 SHIPPED = (*SHIPPED_OPTIONS, "--muon-ns-dtype", SHIPPED_RECIPE.get("muon_ns_dtype", "auto"))
 """The recipe's options with its products' dtype ("fast": bf16 on this machine if it has AMX)."""
+BF16_SHAPE = ("--d-model", "96", "--d-ff", "256")
+"""The tiny run narrowed for the bf16 Newton-Schulz tests: on a CPU without bf16 instructions
+(an AVX2 EPYC) each bf16 product is some 75 times a float32 one's, and at tiny's 192 x 512
+matrices those tests took 48-52 s each under the suite; at 96 x 256 a product has an eighth
+of the work. Their controls run at the same shape."""
 ACROSS_LAYOUTS = (*SHIPPED_OPTIONS, "--muon-ns-dtype", "fp32")
 """The recipe's options with float32 products, for the runs compared across layouts (another
 world, FSDP). Under the collective sums those differed (FSDP on 2 ranks against one process, 6
@@ -260,14 +265,15 @@ def test_muon_fsdp2_split_equals_straight_and_reshards(
 def test_muon_bf16_fsdp2_split_equals_straight(tiny_dataset, straight_run, tmp_path) -> None:
     """bf16 Newton-Schulz products on whole matrices gathered from 2 FSDP2 shards: split equals
     straight, and its bits are not float32's (the control)."""
-    flags = (*SHIPPED_OPTIONS, "--muon-ns-dtype", "bf16")
+    flags = (*SHIPPED_OPTIONS, *BF16_SHAPE, "--muon-ns-dtype", "bf16")
     split = tmp_path / "fsdp-bf16"
     octlm(*dist_args(tiny_dataset, split, *FSDP, "--stop-at", "3", *flags))
     octlm(*dist_args(tiny_dataset, split, *FSDP, "--resume", *flags))
     straight = straight_run(*DIST_FLAGS, *FSDP, *flags)
     assert end_hash(split) == end_hash(straight)
     assert steps_of(split) == steps_of(straight)
-    assert end_hash(straight) != end_hash(straight_run(*DIST_FLAGS, *FSDP, *ACROSS_LAYOUTS))
+    fp32 = straight_run(*DIST_FLAGS, *FSDP, *ACROSS_LAYOUTS, *BF16_SHAPE)
+    assert end_hash(straight) != end_hash(fp32)
 
 
 # -- qk-norm, logit soft-cap, z-loss: each alone, then all with Muon --------------------------
@@ -358,7 +364,7 @@ def test_muon_gram_resumes_exactly(tiny_dataset, straight_run, stopped, tmp_path
 def test_muon_in_bf16_resumes_exactly(tiny_dataset, straight_run, stopped, tmp_path) -> None:
     """--muon-ns-dtype bf16 (Newton-Schulz products in bf16 on the CPU): split equals straight,
     through the Gram matrix too, and its bits are not float32's (the control)."""
-    fp32 = (*MUON, "--muon-ns-steps", "3", "--muon-gram")
+    fp32 = (*MUON, "--muon-ns-steps", "3", "--muon-gram", *BF16_SHAPE)
     flags = (*fp32, "--muon-ns-dtype", "bf16")
     run = resume(tiny_dataset, stopped(3, *flags), tmp_path / "split", *flags)
     ref = straight_run(*flags)
