@@ -3,7 +3,7 @@ pytest-xdist worker starts with its share of them.
 
 `make test` runs `-n 3 --dist worksteal`. Worksteal hands each worker a contiguous, equal-count
 slice of the collection, and an idle worker then steals from the end of the busiest one's
-queue. A long test that comes late leaves the other worker idle at the end for as long as it
+queue. A long test that comes late leaves the other workers idle at the end for as long as it
 runs (a 100 s walkthrough collected last is 100 s of one idle core). Here the modules that hold
 a test listed in tests/slowest.txt (its seconds from a `--durations` run) are moved to the head
 of the slices, the longest first, each to the slice with the least listed work so far; every
